@@ -1,0 +1,54 @@
+"""ferry: convert, optimize, partition, run, serve and benchmark models across inference engines.
+
+The embedding API::
+
+    import ferry
+    session = ferry.load("model.onnx")
+    outputs = session.run({"input": array})
+
+Importing ``ferry`` is cheap: engines and heavy modules load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ferry._version import __version__
+from ferry.errors import (
+    BackendUnavailableError,
+    ConversionError,
+    ExecutionError,
+    FerryError,
+    InvalidInputError,
+    ModelLoadError,
+    UnsupportedOpError,
+)
+
+if TYPE_CHECKING:
+    from ferry.runtime import Plan, Session, TensorSpec, load
+
+__all__ = [
+    "BackendUnavailableError",
+    "ConversionError",
+    "ExecutionError",
+    "FerryError",
+    "InvalidInputError",
+    "ModelLoadError",
+    "Plan",
+    "Session",
+    "TensorSpec",
+    "UnsupportedOpError",
+    "__version__",
+    "load",
+]
+
+_LAZY = {"load", "Session", "Plan", "TensorSpec"}
+
+
+def __getattr__(name: str) -> Any:
+    # onnx, onnx_ir and onnxruntime take a while to import; load them only when asked for.
+    if name in _LAZY:
+        import ferry.runtime
+
+        return getattr(ferry.runtime, name)
+    raise AttributeError(f"module 'ferry' has no attribute {name!r}")

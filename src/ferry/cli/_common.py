@@ -1,0 +1,130 @@
+"""Options and helpers shared by the commands."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+
+from ferry.errors import InvalidInputError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+console = Console(highlight=False)
+
+
+def model_argument(f: F) -> F:
+    return click.argument("model", type=click.Path(path_type=Path))(f)
+
+
+def session_options(f: F) -> F:
+    f = click.option(
+        "--threads",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Intra-op threads (default: all cores).",
+    )(f)
+    f = click.option(
+        "--backends",
+        default=None,
+        metavar="NAMES",
+        help="Comma-separated backends in priority order (default: onnxruntime).",
+    )(f)
+    return f
+
+
+def input_options(f: F) -> F:
+    f = click.option(
+        "--seed", type=int, default=0, show_default=True, help="Seed for --random inputs."
+    )(f)
+    f = click.option(
+        "--shape",
+        "shapes",
+        multiple=True,
+        metavar="NAME=DIMS",
+        help="Shape of a generated input, e.g. input=8x3x224x224 (symbolic dims default to 1).",
+    )(f)
+    f = click.option(
+        "--input",
+        "-i",
+        "input_files",
+        multiple=True,
+        metavar="NAME=FILE.npy",
+        help="Feed input NAME from a .npy file (repeatable).",
+    )(f)
+    return f
+
+
+def split_pairs(pairs: Sequence[str], option: str) -> dict[str, str]:
+    """``["a=1", "b=2"]`` -> ``{"a": "1", "b": "2"}``, with a clear error for malformed pairs."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name or not value:
+            raise InvalidInputError(f"{option} expects NAME=VALUE, got {pair!r}")
+        if name in out:
+            raise InvalidInputError(f"{option} names {name!r} twice")
+        out[name] = value
+    return out
+
+
+def build_feeds(
+    session: Any, input_files: Sequence[str], shapes: Sequence[str], seed: int, *, random: bool
+) -> dict[str, Any]:
+    """Inputs for ``session`` from ``--input`` files, the rest generated when ``random`` is set."""
+    from ferry.runtime.feeds import load_npy, parse_shape, random_feeds
+
+    files = split_pairs(input_files, "--input")
+    shape_map = {k: parse_shape(v) for k, v in split_pairs(shapes, "--shape").items()}
+    names = {s.name for s in session.inputs}
+    unknown = sorted(set(files) - names)
+    if unknown:
+        raise InvalidInputError(
+            f"--input names unknown input {', '.join(map(repr, unknown))}; the model takes "
+            f"{', '.join(repr(s.name) + ' (' + s.describe() + ')' for s in session.inputs)}"
+        )
+    feeds = {name: load_npy(path, name) for name, path in files.items()}
+    rest = [s for s in session.inputs if s.name not in feeds]
+    if rest and not random:
+        raise InvalidInputError(
+            "no data for input "
+            + ", ".join(f"{s.name!r} ({s.describe()})" for s in rest)
+            + "; pass --input NAME=FILE.npy or --random"
+        )
+    feeds.update(
+        random_feeds(rest, {k: v for k, v in shape_map.items() if k not in feeds}, seed=seed)
+    )
+    return feeds
+
+
+def write_json(data: Any, path: str | os.PathLike[str]) -> None:
+    """Write JSON atomically ('-' prints it)."""
+    text = json.dumps(data, indent=2)
+    if str(path) == "-":
+        click.echo(text)
+        return
+    from ferry.graph import atomic_path
+
+    with atomic_path(path) as tmp:
+        tmp.write_text(text + "\n", encoding="utf-8")
+
+
+def human_count(n: float) -> str:
+    for unit in ("", "K", "M", "G", "T"):
+        if abs(n) < 1000:
+            return f"{n:.0f}{unit}" if unit == "" else f"{n:.2f}{unit}"
+        n /= 1000
+    return f"{n:.2f}P"
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"

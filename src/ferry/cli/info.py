@@ -1,0 +1,66 @@
+"""``ferry info``: what a model takes, gives and contains."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from ferry.cli._common import console, human_bytes, human_count, model_argument, write_json
+
+
+@click.command("info")
+@model_argument
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option(
+    "--top", type=click.IntRange(min=1), default=20, show_default=True, help="Ops to list."
+)
+def command(model: Path, as_json: bool, top: int) -> None:
+    """Describe MODEL: inputs and outputs, opsets, op histogram, parameters and FLOPs.
+
+    Symbolic dims (such as a dynamic batch) are shown by name; FLOPs count Conv, ConvTranspose,
+    MatMul and Gemm with symbolic dims taken as 1.
+    """
+    from ferry.graph import load_model, resolve_model_file, summarize
+
+    path = resolve_model_file(model)
+    summary = summarize(load_model(path))
+    if as_json:
+        write_json({"path": str(path), "file_bytes": path.stat().st_size, **summary.to_dict()}, "-")
+        return
+
+    console.print(f"[bold]{path}[/bold]  ({human_bytes(path.stat().st_size)})")
+    opsets = ", ".join(f"{k} {v}" for k, v in summary.opsets.items())
+    console.print(
+        f"producer: {summary.producer}   IR version: {summary.ir_version}   opsets: {opsets}"
+    )
+    io = Table(show_edge=False, box=None, pad_edge=False)
+    for col in ("", "name", "dtype", "shape"):
+        io.add_column(col)
+    for kind, tensors in (("input", summary.inputs), ("output", summary.outputs)):
+        for t in tensors:
+            shape = (
+                "?"
+                if t.shape is None
+                else "[" + ", ".join("?" if d is None else str(d) for d in t.shape) + "]"
+            )
+            io.add_row(kind, t.name, t.dtype or "?", shape)
+    console.print(io)
+    flops = human_count(summary.flops)
+    if summary.flops_unknown_nodes:
+        flops += f" (+{summary.flops_unknown_nodes} nodes with unknown shapes)"
+    console.print(
+        f"nodes: {summary.node_count}   parameters: {human_count(summary.param_count)} "
+        f"({human_bytes(summary.param_bytes)}{', external data' if summary.external_data else ''})   "
+        f"FLOPs/sample: {flops}"
+    )
+    if summary.has_subgraphs:
+        console.print("control flow: yes (If/Loop/Scan subgraphs; their nodes are counted)")
+    ops = Table("op", "count", show_edge=False, box=None, pad_edge=False)
+    for op, count in list(summary.op_counts.items())[:top]:
+        ops.add_row(op, str(count))
+    rest = len(summary.op_counts) - top
+    console.print(ops)
+    if rest > 0:
+        console.print(f"... and {rest} more op types (--top to see more)")

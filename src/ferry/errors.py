@@ -1,0 +1,51 @@
+"""ferry's error hierarchy.
+
+Every error a user can cause is a :class:`FerryError`. Its message names the file, input, node or op
+at fault and says what to do; the CLI prints it on one line and exits 2. Anything else escaping the
+library is a bug in ferry (the CLI exits 1 and asks for a report).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendUnavailableError",
+    "ConversionError",
+    "ExecutionError",
+    "FerryError",
+    "InvalidInputError",
+    "ModelLoadError",
+    "UnsupportedOpError",
+]
+
+
+class FerryError(Exception):
+    """Base class of every error ferry raises for a problem the user can fix."""
+
+
+class ModelLoadError(FerryError):
+    """A model file or object could not be read: missing, corrupt, or not a model at all."""
+
+
+class InvalidInputError(FerryError, ValueError):
+    """An input given to a model or a command is wrong: unknown or missing name, shape or dtype."""
+
+
+class UnsupportedOpError(FerryError):
+    """One or more ops cannot be handled by the converter or engine that was asked to."""
+
+    def __init__(self, message: str, ops: list[tuple[str, str]] | None = None) -> None:
+        super().__init__(message)
+        #: ``(op_type, node_name)`` pairs of every unsupported node, so callers can report all at once.
+        self.ops = ops or []
+
+
+class BackendUnavailableError(FerryError):
+    """An engine was asked for but is not installed or cannot run here."""
+
+
+class ConversionError(FerryError):
+    """A conversion (format or opset) failed or produced a model that does not check."""
+
+
+class ExecutionError(FerryError):
+    """An engine failed while running a model on the given inputs (a Reshape that does not fit...)."""

@@ -1,0 +1,452 @@
+"""Load, save and inspect models in the unified graph (ONNX held as ``onnx_ir.Model``).
+
+``load_model`` accepts a file, an artifact folder, an ``onnx_ir.Model`` or an ``onnx.ModelProto`` and
+always gives an ``ir.Model``; ``save_model`` writes one atomically (a reader never sees a half-written
+file, and a failed save leaves an existing file untouched); ``summarize`` describes a model: its
+inputs and outputs, opsets, op histogram, parameters and a FLOPs estimate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from google.protobuf.message import DecodeError
+
+from ferry.errors import ModelLoadError
+
+__all__ = [
+    "Dim",
+    "ModelSummary",
+    "TensorInfo",
+    "all_nodes",
+    "atomic_path",
+    "dtype_name",
+    "graph_inputs",
+    "infer_value_types",
+    "load_model",
+    "model_source_path",
+    "resolve_model_file",
+    "save_model",
+    "summarize",
+    "tensor_info",
+]
+
+logger = logging.getLogger(__name__)
+
+#: A dimension: a fixed size, a symbolic name (``"batch"``), or None when unknown.
+Dim = int | str | None
+
+#: Above this many bytes of weights a model is saved with external data: protobuf cannot hold 2 GiB.
+_EXTERNAL_DATA_THRESHOLD = 1 << 30
+
+_ARTIFACT_MODEL = "model.onnx"
+
+
+def resolve_model_file(path: str | os.PathLike[str]) -> Path:
+    """Return the ``.onnx`` file that ``path`` names: the file itself or an artifact's ``model.onnx``.
+
+    Raises:
+        ModelLoadError: the path does not exist, or is a folder with no ``model.onnx`` in it.
+    """
+    p = Path(path)
+    if p.is_dir():
+        candidate = p / _ARTIFACT_MODEL
+        if not candidate.is_file():
+            raise ModelLoadError(
+                f"{p} is a folder but holds no {_ARTIFACT_MODEL}; pass the model file itself "
+                "or a ferry artifact folder"
+            )
+        return candidate
+    if not p.exists():
+        raise ModelLoadError(f"model file not found: {p}")
+    if not p.is_file():
+        raise ModelLoadError(f"{p} is not a regular file")
+    return p
+
+
+def load_model(source: str | os.PathLike[str] | ir.Model | onnx.ModelProto) -> ir.Model:
+    """Load a model into the unified graph.
+
+    Args:
+        source: a path to an ``.onnx`` file (its external data files beside it are read lazily), an
+            artifact folder holding ``model.onnx``, an ``onnx_ir.Model`` (returned as is), or an
+            ``onnx.ModelProto``.
+
+    Returns:
+        The model. When it came from a file, ``model_source_path(model)`` gives that file.
+
+    Raises:
+        ModelLoadError: the file is missing, empty, corrupt, not ONNX, or its external data is missing.
+    """
+    if isinstance(source, ir.Model):
+        return source
+    if isinstance(source, onnx.ModelProto):
+        model = _from_proto(source, "the given ModelProto")
+        _check_not_empty(model, "the given ModelProto")
+        return model
+    if not isinstance(source, (str, os.PathLike)):
+        raise ModelLoadError(
+            f"cannot load a model from a {type(source).__name__}; pass a path to an .onnx file, "
+            "an onnx_ir.Model or an onnx.ModelProto (other formats: see `ferry convert --help`)"
+        )
+    path = resolve_model_file(source)
+    if path.stat().st_size == 0:
+        raise ModelLoadError(f"{path} is empty (0 bytes); was it written completely?")
+    try:
+        model = ir.load(path)
+    except (DecodeError, RuntimeError, ValueError) as e:
+        raise ModelLoadError(
+            f"{path} is not a valid ONNX model ({e}); it may be truncated or in another format "
+            "(convert it first with `ferry convert`)"
+        ) from e
+    _check_not_empty(model, str(path))
+    _check_external_data(model, path)
+    model.meta["ferry.source_path"] = str(path.resolve())
+    return model
+
+
+def model_source_path(model: ir.Model) -> Path | None:
+    """The file ``model`` was loaded from, if it was loaded from a file by :func:`load_model`."""
+    path = model.meta.get("ferry.source_path")
+    return Path(path) if path else None
+
+
+def _from_proto(proto: onnx.ModelProto, what: str) -> ir.Model:
+    try:
+        return ir.from_proto(proto)
+    except Exception as e:  # the deserializer raises many kinds on malformed protos
+        raise ModelLoadError(f"{what} is not a well-formed ONNX model: {e}") from e
+
+
+def _check_not_empty(model: ir.Model, what: str) -> None:
+    # protobuf happily parses many non-ONNX byte strings into an empty ModelProto.
+    if model.ir_version == 0 or (len(model.graph) == 0 and not model.graph.outputs):
+        raise ModelLoadError(
+            f"{what} holds no ONNX graph (no IR version, nodes or outputs); it is probably not an "
+            "ONNX file (other formats: see `ferry convert --help`)"
+        )
+
+
+def _check_external_data(model: ir.Model, path: Path) -> None:
+    """Fail now, with the file name, rather than deep inside an engine when weights are missing."""
+    for graph in (model.graph, *_subgraphs(model.graph)):
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if not isinstance(tensor, ir.ExternalTensor):
+                continue
+            data_file = Path(tensor.base_dir) / tensor.location
+            if not data_file.is_file():
+                raise ModelLoadError(
+                    f"{path} keeps weight {value.name!r} in external data file "
+                    f"{tensor.location!r}, which is missing; copy it next to the model"
+                )
+            end = (tensor.offset or 0) + (tensor.length or tensor.nbytes)
+            if data_file.stat().st_size < end:
+                raise ModelLoadError(
+                    f"external data file {data_file} is too short for weight {value.name!r} "
+                    f"(needs {end} bytes, has {data_file.stat().st_size}); it is truncated"
+                )
+
+
+def _subgraphs(graph: ir.Graph) -> Iterator[ir.Graph]:
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        for attr in node.attributes.values():
+            if attr.type == ir.AttributeType.GRAPH:
+                yield attr.as_graph()
+            elif attr.type == ir.AttributeType.GRAPHS:
+                yield from attr.as_graphs()
+
+
+def all_nodes(model: ir.Model) -> Iterator[ir.Node]:
+    """Every node of the model, subgraphs (If/Loop/Scan bodies) included."""
+    yield from ir.traversal.RecursiveGraphIterator(model.graph)
+
+
+@contextlib.contextmanager
+def atomic_path(dest: str | os.PathLike[str], suffix: str = "") -> Iterator[Path]:
+    """Yield a temporary path beside ``dest``; on success it replaces ``dest`` in one rename.
+
+    On any error the temporary file is removed and ``dest`` is left as it was.
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=suffix + ".tmp", dir=dest.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        tmp_path.replace(dest)
+    finally:
+        tmp_path.unlink(missing_ok=True)
+
+
+def save_model(
+    model: ir.Model, path: str | os.PathLike[str], *, external_data: bool | None = None
+) -> Path:
+    """Save ``model`` to ``path`` atomically.
+
+    Args:
+        model: the model; it is not changed.
+        path: the ``.onnx`` file to write.
+        external_data: keep weights in ``<file>.data`` beside the model. None decides by itself:
+            yes when the model already had external weights or they pass 1 GiB.
+
+    Returns:
+        The path written.
+    """
+    path = Path(path)
+    if external_data is None:
+        external_data = _has_external_data(model) or _param_bytes(model) > _EXTERNAL_DATA_THRESHOLD
+    if not external_data:
+        with atomic_path(path) as tmp:
+            ir.save(model, tmp)
+        return path
+    # The model names its data file, so both are written under a temporary folder with their final
+    # names and then renamed into place: data first, so the new model never points at old data.
+    data_name = path.name + ".data"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as tmp_dir:
+        tmp_model = Path(tmp_dir) / path.name
+        ir.save(model, tmp_model, external_data=data_name)
+        if (Path(tmp_dir) / data_name).exists():
+            (Path(tmp_dir) / data_name).replace(path.parent / data_name)
+        tmp_model.replace(path)
+    return path
+
+
+def _has_external_data(model: ir.Model) -> bool:
+    return any(
+        isinstance(v.const_value, ir.ExternalTensor) for v in model.graph.initializers.values()
+    )
+
+
+def _param_bytes(model: ir.Model) -> int:
+    return sum(v.const_value.nbytes for v in _initializers(model) if v.const_value is not None)
+
+
+def _initializers(model: ir.Model) -> Iterator[ir.Value]:
+    for graph in (model.graph, *_subgraphs(model.graph)):
+        yield from graph.initializers.values()
+
+
+# ---------------------------------------------------------------------------------------------
+# Inspection
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    """A graph input or output: its name, element type and shape (None when unknown)."""
+
+    name: str
+    dtype: str | None
+    shape: tuple[Dim, ...] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "shape": None if self.shape is None else list(self.shape),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSummary:
+    """What ``ferry info`` shows about a model."""
+
+    producer: str
+    ir_version: int
+    opsets: dict[str, int]
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    op_counts: dict[str, int]
+    node_count: int
+    param_count: int
+    param_bytes: int
+    #: FLOPs of one inference with every symbolic dim taken as 1 (Conv, ConvTranspose, MatMul, Gemm).
+    flops: int
+    #: Nodes of those four op types whose FLOPs could not be estimated (shapes unknown).
+    flops_unknown_nodes: int
+    has_subgraphs: bool
+    external_data: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["inputs"] = [t.to_dict() for t in self.inputs]
+        d["outputs"] = [t.to_dict() for t in self.outputs]
+        return d
+
+
+def _shape_of(value: ir.Value) -> tuple[Dim, ...] | None:
+    if value.shape is None:
+        return None
+    dims: list[Dim] = []
+    for d in value.shape:
+        if isinstance(d, int):
+            dims.append(d)
+        else:
+            dims.append(d.value)  # SymbolicDim: its name, or None when anonymous
+    return tuple(dims)
+
+
+def dtype_name(dtype: ir.DataType) -> str:
+    """numpy's name for an ONNX element type (``float32``, ``int64``, ``bfloat16``), or ONNX's."""
+    if dtype == ir.DataType.STRING:
+        return "string"
+    try:
+        return str(np.dtype(dtype.numpy()).name)
+    except (TypeError, ValueError):
+        return dtype.name.lower()
+
+
+def tensor_info(value: ir.Value) -> TensorInfo:
+    """The name, dtype and shape of a graph value."""
+    dtype = dtype_name(value.dtype) if value.dtype is not None else None
+    return TensorInfo(name=value.name or "", dtype=dtype, shape=_shape_of(value))
+
+
+def graph_inputs(model: ir.Model) -> list[ir.Value]:
+    """Inputs the caller must feed: graph inputs that are not initializers (IR < 4 lists both)."""
+    return [v for v in model.graph.inputs if v.name not in model.graph.initializers]
+
+
+def infer_value_types(model: ir.Model) -> dict[str, tuple[str | None, tuple[Dim, ...] | None]]:
+    """Run ONNX shape inference on a copy; map each value name to ``(dtype, shape)``.
+
+    The model is not changed. Weights are not copied when they live in external data. Shape
+    inference failing (custom ops, malformed graphs) gives an empty mapping, not an error: it only
+    refines what ``summarize`` and sessions report.
+    """
+    try:
+        proto = ir.to_proto(model)
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    except Exception as e:  # onnx raises a zoo of types; inference is best effort here
+        logger.info("shape inference failed, shapes stay as declared: %s", e)
+        return {}
+    found: dict[str, tuple[str | None, tuple[Dim, ...] | None]] = {}
+    for vi in (*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input):
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type"):
+            continue
+        dtype = dtype_name(ir.DataType(tt.elem_type)) if tt.elem_type else None
+        shape: tuple[Dim, ...] | None = None
+        if tt.HasField("shape"):
+            shape = tuple(
+                d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                for d in tt.shape.dim
+            )
+        found[vi.name] = (dtype, shape)
+    return found
+
+
+def summarize(model: ir.Model) -> ModelSummary:
+    """Describe ``model``: I/O specs, opsets, op histogram, parameters, FLOPs estimate."""
+    types = infer_value_types(model)
+    op_counts: Counter[str] = Counter()
+    flops = 0
+    unknown = 0
+    node_count = 0
+    for node in all_nodes(model):
+        node_count += 1
+        key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+        op_counts[key] += 1
+        if node.domain in ("", "ai.onnx") and node.op_type in _FLOP_COUNTERS:
+            estimate = _FLOP_COUNTERS[node.op_type](node, types)
+            if estimate is None:
+                unknown += 1
+            else:
+                flops += estimate
+    params = list(_initializers(model))
+
+    def io(value: ir.Value) -> TensorInfo:
+        info = tensor_info(value)
+        dtype, shape = types.get(info.name, (None, None))
+        return TensorInfo(info.name, info.dtype or dtype, info.shape or shape)
+
+    producer = " ".join(p for p in (model.producer_name, model.producer_version) if p)
+    return ModelSummary(
+        producer=producer or "unknown",
+        ir_version=model.ir_version,
+        opsets={(k or "ai.onnx"): v for k, v in model.opset_imports.items()},
+        inputs=tuple(io(v) for v in graph_inputs(model)),
+        outputs=tuple(io(v) for v in model.graph.outputs),
+        op_counts=dict(op_counts.most_common()),
+        node_count=node_count,
+        param_count=sum(v.const_value.size for v in params if v.const_value is not None),
+        param_bytes=sum(v.const_value.nbytes for v in params if v.const_value is not None),
+        flops=flops,
+        flops_unknown_nodes=unknown,
+        has_subgraphs=any(True for _ in _subgraphs(model.graph)),
+        external_data=_has_external_data(model),
+    )
+
+
+# FLOPs: a multiply-add counts as two. Symbolic dims count as 1, i.e. the figure is per sample.
+
+
+def _dims(
+    value: ir.Value | None, types: dict[str, tuple[str | None, tuple[Dim, ...] | None]]
+) -> list[int] | None:
+    if value is None:
+        return None
+    shape = _shape_of(value)
+    if shape is None or any(d is None for d in shape):
+        shape = types.get(value.name or "", (None, None))[1]
+    if shape is None:
+        return None
+    return [d if isinstance(d, int) else 1 for d in shape]
+
+
+def _conv_flops(node: ir.Node, types: dict[str, Any]) -> int | None:
+    w = _dims(node.inputs[1], types)
+    out = _dims(node.outputs[0], types)
+    if w is None or out is None or len(out) < 2:
+        return None
+    # out [N, M, *spatial]; weight [M, C/group, *kernel]: each output element is one dot product.
+    return 2 * math.prod(out) * math.prod(w[1:])
+
+
+def _conv_transpose_flops(node: ir.Node, types: dict[str, Any]) -> int | None:
+    x = _dims(node.inputs[0], types)
+    w = _dims(node.inputs[1], types)
+    if x is None or w is None:
+        return None
+    # Each input element scatters into (M/group) * prod(kernel) outputs: weight [C, M/group, *k].
+    return 2 * math.prod(x) * math.prod(w[1:])
+
+
+def _matmul_flops(node: ir.Node, types: dict[str, Any]) -> int | None:
+    a = _dims(node.inputs[0], types)
+    out = _dims(node.outputs[0], types)
+    if a is None or out is None or not a:
+        return None
+    return 2 * math.prod(out) * a[-1]
+
+
+def _gemm_flops(node: ir.Node, types: dict[str, Any]) -> int | None:
+    a = _dims(node.inputs[0], types)
+    out = _dims(node.outputs[0], types)
+    if a is None or out is None or len(a) != 2:
+        return None
+    trans_a = node.attributes.get_int("transA", 0)
+    k = a[0] if trans_a else a[1]
+    return 2 * math.prod(out) * k
+
+
+_FLOP_COUNTERS = {
+    "Conv": _conv_flops,
+    "ConvTranspose": _conv_transpose_flops,
+    "MatMul": _matmul_flops,
+    "Gemm": _gemm_flops,
+}
