@@ -18,10 +18,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
-import torch  # noqa: E402
+import torch
 
-from ferry import zoo  # noqa: E402
-from ferry.zoo import _models  # noqa: E402
+from ferry import zoo
+from ferry.zoo import _models
 
 pytestmark = pytest.mark.torch
 
@@ -37,13 +37,15 @@ def _session(model: ir.Model) -> ort.InferenceSession:
 
 def _runner(session: ort.InferenceSession) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
     def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        return session.run(None, feeds)  # type: ignore[no-any-return]
+        return session.run(None, feeds)
 
     return run
 
 
 def _op_histogram(model: ir.Model) -> collections.Counter[str]:
-    return collections.Counter(node.op_type for node in ir.traversal.RecursiveGraphIterator(model.graph))
+    return collections.Counter(
+        node.op_type for node in ir.traversal.RecursiveGraphIterator(model.graph)
+    )
 
 
 def _initializer_bytes(model: ir.Model) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
@@ -133,7 +135,9 @@ def test_initializers_are_numpy_backed(built: dict[str, ir.Model], name: str) ->
 
 @pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("name", NAMES)
-def test_ort_matches_torch(sessions: dict[str, ort.InferenceSession], name: str, batch: int) -> None:
+def test_ort_matches_torch(
+    sessions: dict[str, ort.InferenceSession], name: str, batch: int
+) -> None:
     feeds = zoo.example_inputs(name, batch)
     [ort_out] = sessions[name].run(None, feeds)
     module = _models.torch_module(name)
@@ -252,7 +256,7 @@ def test_digits_data() -> None:
     assert y_train.dtype == y_test.dtype == np.int64
     assert y_train.shape == (1437,)
     assert y_test.shape == (360,)
-    assert 0.0 <= x_train.min() and x_train.max() <= 1.0
+    assert x_train.min() >= 0.0 and x_train.max() <= 1.0
     assert set(np.unique(y_test)) == set(range(10))
     # Fixed split, and callers get private copies.
     x_test[...] = -1.0
@@ -277,7 +281,7 @@ def test_digits_accuracy_output_forms_and_batching(
         return {"other": np.zeros(1), "logits": session.run(None, feeds)[0]}
 
     def as_array(feeds: dict[str, np.ndarray]) -> np.ndarray:
-        return session.run(None, feeds)[0]  # type: ignore[no-any-return]
+        return session.run(None, feeds)[0]
 
     assert zoo.digits_accuracy(as_dict) == as_list
     assert zoo.digits_accuracy(as_array, batch_size=7) == as_list

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from rich.markup import escape
 
 from ferry.cli._common import console, model_argument
 from ferry.errors import ConversionError, InvalidInputError
@@ -51,4 +52,4 @@ def command(model: Path, output: Path, opset: int | None, external_data: bool | 
     converted = convert_onnx(loaded, opset=opset)
     save_model(converted, output, external_data=external_data)
     after = converted.opset_imports.get("", None)
-    console.print(f"wrote {output} (opset {before} -> {after}, checked)")
+    console.print(f"wrote {escape(str(output))} (opset {before} -> {after}, checked)")

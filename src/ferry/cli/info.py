@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from ferry.cli._common import console, human_bytes, human_count, model_argument, write_json
@@ -30,7 +31,7 @@ def command(model: Path, as_json: bool, top: int) -> None:
         write_json({"path": str(path), "file_bytes": path.stat().st_size, **summary.to_dict()}, "-")
         return
 
-    console.print(f"[bold]{path}[/bold]  ({human_bytes(path.stat().st_size)})")
+    console.print(f"[bold]{escape(str(path))}[/bold]  ({human_bytes(path.stat().st_size)})")
     opsets = ", ".join(f"{k} {v}" for k, v in summary.opsets.items())
     console.print(
         f"producer: {summary.producer}   IR version: {summary.ir_version}   opsets: {opsets}"
@@ -45,7 +46,7 @@ def command(model: Path, as_json: bool, top: int) -> None:
                 if t.shape is None
                 else "[" + ", ".join("?" if d is None else str(d) for d in t.shape) + "]"
             )
-            io.add_row(kind, t.name, t.dtype or "?", shape)
+            io.add_row(kind, escape(t.name), t.dtype or "?", escape(shape))
     console.print(io)
     flops = human_count(summary.flops)
     if summary.flops_unknown_nodes:
@@ -59,7 +60,7 @@ def command(model: Path, as_json: bool, top: int) -> None:
         console.print("control flow: yes (If/Loop/Scan subgraphs; their nodes are counted)")
     ops = Table("op", "count", show_edge=False, box=None, pad_edge=False)
     for op, count in list(summary.op_counts.items())[:top]:
-        ops.add_row(op, str(count))
+        ops.add_row(escape(op), str(count))
     rest = len(summary.op_counts) - top
     console.print(ops)
     if rest > 0:

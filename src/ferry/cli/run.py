@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 import numpy as np
+from rich.markup import escape
 from rich.table import Table
 
 from ferry.cli._common import build_feeds, console, input_options, model_argument, session_options
@@ -52,7 +53,9 @@ def command(
         "output", "shape", "dtype", "min", "max", "mean", "std", show_edge=False, box=None
     )
     for name, value in outputs.items():
-        table.add_row(name, str(list(value.shape)), str(value.dtype), *_stats(value))
+        table.add_row(
+            escape(name), escape(str(list(value.shape))), str(value.dtype), *_stats(value)
+        )
     console.print(table)
     if output_dir is not None:
         from ferry.graph import atomic_path
@@ -62,7 +65,7 @@ def command(
             dest = output_dir / f"{_file_safe(name)}.npy"
             with atomic_path(dest, suffix=".npy") as tmp, tmp.open("wb") as f:
                 np.save(f, value, allow_pickle=False)
-            console.print(f"saved {dest}")
+            console.print(f"saved {escape(str(dest))}")
 
 
 def _stats(value: np.ndarray[Any, Any]) -> list[str]:

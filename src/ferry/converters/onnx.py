@@ -11,7 +11,7 @@ import logging
 
 import onnx
 import onnx_ir as ir
-from onnx_ir.passes.common import ShapeInferencePass
+from onnx_ir.passes.common import CheckerPass, ShapeInferencePass
 from onnxscript.version_converter import ConvertVersionPass
 
 from ferry.errors import ConversionError
@@ -22,6 +22,9 @@ logger = logging.getLogger(__name__)
 
 #: The oldest default-domain opset ferry converts to; older ones lack ops every exporter emits.
 MIN_OPSET = 7
+
+# onnx_ir's CheckerPass leaves out initializers above 1 KB; below that it serializes them.
+_INLINE_FOR_CHECK = 1 << 16
 
 
 def max_opset() -> int:
@@ -65,8 +68,8 @@ def convert_onnx(model: ir.Model, *, opset: int | None = None) -> ir.Model:
         reached = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
         if reached != opset:
             raise ConversionError(
-                f"cannot convert from opset {current} to {opset}: the version converter has no "
-                "adapter for some op in this model; try a nearer opset"
+                f"cannot convert from opset {current} to {opset}: {_why_not(model, opset)}; "
+                "try another opset (ONNX has no down-conversion for many ops)"
             )
     ShapeInferencePass(strict_mode=False)(model)
     check_model(model)
@@ -74,16 +77,37 @@ def convert_onnx(model: ir.Model, *, opset: int | None = None) -> ir.Model:
 
 
 def check_model(model: ir.Model) -> None:
-    """Run ONNX's checker (with strict shape inference); raise ConversionError with its finding."""
-    proto = ir.to_proto(model)
+    """Run ONNX's checker (with strict shape inference); raise ConversionError with its finding.
+
+    onnx_ir's CheckerPass hands the checker the graph without large weights, so external data
+    and models past protobuf's 2 GiB limit are checked too.
+    """
+    swapped: dict[ir.Value, ir.TensorProtocol] = {}
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        # The checker resolves external data against the working directory, not the model's;
+        # small external weights (the large ones are left out by CheckerPass) are read in here.
+        if isinstance(tensor, ir.ExternalTensor) and tensor.nbytes <= _INLINE_FOR_CHECK:
+            swapped[value] = tensor
+            value.const_value = ir.Tensor(tensor.numpy(), name=value.name)
     try:
-        if proto.ByteSize() < onnx.checker.MAXIMUM_PROTOBUF:
-            onnx.checker.check_model(proto, full_check=True)
-        else:
-            # The checker reads >2 GiB models only from files; the graph structure is what matters.
-            onnx.checker.check_graph(proto.graph)
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        raise ConversionError(f"the model fails ONNX's checker: {_short(e)}") from e
+        CheckerPass(full_check=True)(model)
+    except Exception as e:  # ValidationError, InferenceError, or either wrapped in PassError
+        cause = e.__cause__ or e
+        raise ConversionError(f"the model fails ONNX's checker: {_short(cause)}") from e
+    finally:
+        for value, tensor in swapped.items():
+            value.const_value = tensor
+
+
+def _why_not(model: ir.Model, opset: int) -> str:
+    """Ask onnx's converter directly for the reason the pass above swallowed (error path only)."""
+    try:
+        onnx.version_converter.convert_version(ir.to_proto(model), opset)
+    except Exception as e:  # its C++ asserts arrive as RuntimeError with a source path prefix
+        reason = _short(e)
+        return reason.split(": ")[-1].replace("$", "") if ": " in reason else reason
+    return "the version converter has no adapter for some op in this model"
 
 
 def _short(e: BaseException) -> str:

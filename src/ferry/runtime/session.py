@@ -90,10 +90,12 @@ class Session:
         self.threads = threads
         inferred = infer_value_types(model)
         required = [spec_of(v, inferred.get(v.name or "")) for v in graph_inputs(model)]
+        # From IR 4 on, an initializer that is also a graph input is a default the caller may
+        # override; before IR 4 every initializer had to be listed as an input and is a constant.
         optional = [
             spec_of(v, inferred.get(v.name or ""))
             for v in model.graph.inputs
-            if v.name in model.graph.initializers
+            if v.name in model.graph.initializers and model.ir_version >= 4
         ]
         #: Specs of the inputs ``run`` needs: name, shape (symbolic dims as str), numpy dtype.
         self.inputs: list[TensorSpec] = required

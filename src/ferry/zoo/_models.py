@@ -216,7 +216,7 @@ _ARCHITECTURES: dict[str, Callable[[], nn.Module]] = {
 
 
 def _train_on_digits(
-    model: nn.Module, *, epochs: int, lr: float, batch_size: int = 32, flatten: bool = False
+    model: nn.Module, *, epochs: int, lr: float, batch_size: int = 64, flatten: bool = False
 ) -> None:
     """Trains ``model`` in place on the digits training split with Adam and cross-entropy."""
     x_np, y_np, _, _ = _digits_split()
@@ -267,9 +267,9 @@ def _make_weights(name: str) -> dict[str, torch.Tensor]:
     with _seeded():
         model = _ARCHITECTURES[name]()
         if isinstance(model, DigitsCNN):
-            _train_on_digits(model, epochs=12, lr=3e-3)
+            _train_on_digits(model, epochs=10, lr=5e-3)
         elif isinstance(model, MLP):
-            _train_on_digits(model, epochs=30, lr=3e-3, flatten=True)
+            _train_on_digits(model, epochs=20, lr=1e-2, flatten=True)
         elif isinstance(model, MobileNetV2):
             _randomize_batchnorm(model, torch.randn(64, *get_spec(name).input_shape))
         elif isinstance(model, TransformerBlock):
