@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -122,7 +121,10 @@ def test_save_keeps_external_data_and_does_not_touch_the_source(tmp_path: Path) 
     assert onnx.numpy_helper.to_array(reloaded.graph.initializer[0]).shape == (8, 16)
     save_model(load_model(src), tmp_path / "inline.onnx", external_data=False)
     assert not (tmp_path / "inline.onnx.data").exists()
-    assert not any(name.endswith(".tmp") or name.startswith(".") for name in os.listdir(tmp_path))
+    assert not any(
+        name.endswith(".tmp") or name.startswith(".")
+        for name in (p.name for p in tmp_path.iterdir())
+    )
 
 
 def test_summary_of_mlp() -> None:
