@@ -10,12 +10,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
-import onnx_ir as ir
 
-from ferry.runtime.plan import Partition
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from ferry.runtime.plan import Partition
 
 __all__ = ["Backend", "CompileSpec", "CompiledPartition"]
 

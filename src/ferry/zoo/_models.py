@@ -6,8 +6,9 @@ import this module.
 Determinism: weights come from ``torch.manual_seed(0)`` inside :func:`torch.random.fork_rng`, so
 the caller's global RNG state is left untouched, and the digits models are trained with a
 private, seeded :class:`torch.Generator` for shuffling. CPU training is bitwise reproducible for a
-given machine and thread count; the resulting state dicts are cached per process so ``build`` never
-retrains.
+given machine and torch thread count; a different thread count changes float summation order and
+so gives slightly different (equally accurate) trained weights. The untrained models do not depend
+on the thread count. The resulting state dicts are cached per process so ``build`` never retrains.
 """
 
 from __future__ import annotations
@@ -229,13 +230,19 @@ def _train_on_digits(
     # A private generator makes the shuffling order independent of anything else using torch RNG.
     generator = torch.Generator().manual_seed(SEED)
     model.train()
-    for _ in range(epochs):
-        for idx in torch.randperm(len(x), generator=generator).split(batch_size):
-            optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(x[idx]), y[idx])
-            loss.backward()
-            optimizer.step()
-        scheduler.step()
+    # One thread: float sums then add up in one order, so the weights are the same on any machine.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for _ in range(epochs):
+            for idx in torch.randperm(len(x), generator=generator).split(batch_size):
+                optimizer.zero_grad(set_to_none=True)
+                loss = F.cross_entropy(model(x[idx]), y[idx])
+                loss.backward()
+                optimizer.step()
+            scheduler.step()
+    finally:
+        torch.set_num_threads(threads)
     model.eval()
 
 

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Creates .venv and installs ferry with what the demo and the tests need. Safe to run again: it
+# reinstalls only when pyproject.toml changed. Sourced by demo.sh and test.sh.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="$root/.venv"
+python="${PYTHON:-python3}"
+
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+  echo "ferry needs Python >= 3.10 (set PYTHON=/path/to/python3.x)" >&2
+  exit 2
+fi
+if [ ! -x "$venv/bin/python" ]; then
+  echo "==> creating $venv"
+  "$python" -m venv "$venv"
+fi
+stamp="$venv/.ferry-installed"
+want="$(cat "$root/pyproject.toml" "$root/scripts/setup.sh" | sha256sum | cut -d' ' -f1)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "==> installing ferry and its test/demo dependencies into $venv"
+  "$venv/bin/python" -m pip install --quiet --upgrade pip
+  # The CPU build of torch, pinned first so that no extra can pull a multi-GB CUDA build.
+  "$venv/bin/python" -m pip install --quiet "torch==2.13.0"
+  "$venv/bin/python" -m pip install --quiet -e "$root[dev,zoo]"
+  echo "$want" > "$stamp"
+fi
+export PATH="$venv/bin:$PATH"
