@@ -14,14 +14,18 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "==> creating $venv"
   "$python" -m venv "$venv"
 fi
+pip_install() {
+  # This machine's pip config names a mirror folder that may be absent; drop those warnings only.
+  "$venv/bin/python" -m pip install --quiet "$@" 2>&1 | { grep -v "^WARNING: Location 'file:" || true; }
+}
 stamp="$venv/.ferry-installed"
 want="$(cat "$root/pyproject.toml" "$root/scripts/setup.sh" | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "==> installing ferry and its test/demo dependencies into $venv"
-  "$venv/bin/python" -m pip install --quiet --upgrade pip
+  pip_install --upgrade pip
   # The CPU build of torch, pinned first so that no extra can pull a multi-GB CUDA build.
-  "$venv/bin/python" -m pip install --quiet "torch==2.13.0"
-  "$venv/bin/python" -m pip install --quiet -e "$root[dev,zoo]"
+  pip_install "torch==2.13.0"
+  pip_install -e "$root[dev,zoo]"
   echo "$want" > "$stamp"
 fi
 export PATH="$venv/bin:$PATH"
