@@ -187,3 +187,26 @@ def test_real_entry_point_and_internal_errors(tmp_path: Path, mlp_path: Path) ->
         [exe, "--debug", "info", tmp_path / "nope.onnx"], capture_output=True, text=True
     )
     assert proc.returncode == 1 and "Traceback" in proc.stderr
+
+
+def test_unwritable_output_is_a_user_error(tmp_path: Path, mlp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("I am a file, not a folder")
+    code, _, err = ferry("convert", mlp_path, "-o", blocker / "out.onnx")
+    assert code == 2 and err.startswith("error: ") and "Traceback" not in err
+
+
+def test_internal_errors_exit_1_without_traceback(
+    monkeypatch: pytest.MonkeyPatch, mlp_path: Path
+) -> None:
+    from ferry import graph
+
+    def broken(model: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(graph, "summarize", broken)
+    code, _, err = ferry("info", mlp_path)
+    assert code == 1
+    assert (
+        "internal error: RuntimeError: boom" in err and "--debug" in err and "Traceback" not in err
+    )

@@ -29,6 +29,13 @@ class FerryGroup(click.Group):
                 raise
             click.echo(f"error: {e}", err=True)
             ctx.exit(EXIT_USER_ERROR)
+        except OSError as e:
+            # A file ferry was told to read or write: missing folder, no permission, disk full.
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            where = f": {e.filename}" if e.filename else ""
+            click.echo(f"error: {e.strerror or e}{where}", err=True)
+            ctx.exit(EXIT_USER_ERROR)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             ctx.exit(130)
