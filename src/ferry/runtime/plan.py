@@ -75,13 +75,13 @@ class Plan:
     ) -> Plan:
         """The trivial plan: one backend runs every node. Nodes must be named (see NameFixPass)."""
         graph = model.graph
-        inputs = tuple(v.name for v in graph.inputs if v.name not in graph.initializers)
-        outputs = tuple(v.name for v in graph.outputs)
+        inputs = tuple(v.name or "" for v in graph.inputs if v.name not in graph.initializers)
+        outputs = tuple(v.name or "" for v in graph.outputs)
         nodes = tuple(node.name or "" for node in graph)
         if not all(nodes) or not all(inputs) or not all(outputs):
             raise ValueError("every node and value needs a name before a plan can refer to it")
-        part = Partition(backend, nodes, inputs, outputs, dict(options or {}))  # type: ignore[arg-type]
-        return cls((part,), inputs, outputs)  # type: ignore[arg-type]
+        part = Partition(backend, nodes, inputs, outputs, dict(options or {}))
+        return cls((part,), inputs, outputs)
 
     @property
     def backends(self) -> list[str]:
