@@ -25,11 +25,13 @@ from ferry.errors import (
 )
 
 if TYPE_CHECKING:
+    from ferry.converters import ConversionResult, convert
     from ferry.runtime import Plan, Session, TensorSpec, load
 
 __all__ = [
     "BackendUnavailableError",
     "ConversionError",
+    "ConversionResult",
     "ExecutionError",
     "FerryError",
     "InvalidInputError",
@@ -39,16 +41,24 @@ __all__ = [
     "TensorSpec",
     "UnsupportedOpError",
     "__version__",
+    "convert",
     "load",
 ]
 
-_LAZY = {"load", "Session", "Plan", "TensorSpec"}
+_LAZY = {
+    "load": "ferry.runtime",
+    "Session": "ferry.runtime",
+    "Plan": "ferry.runtime",
+    "TensorSpec": "ferry.runtime",
+    "convert": "ferry.converters",
+    "ConversionResult": "ferry.converters",
+}
 
 
 def __getattr__(name: str) -> Any:
     # onnx, onnx_ir and onnxruntime take a while to import; load them only when asked for.
     if name in _LAZY:
-        import ferry.runtime
+        import importlib
 
-        return getattr(ferry.runtime, name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'ferry' has no attribute {name!r}")

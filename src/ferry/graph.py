@@ -95,6 +95,7 @@ def load_model(source: str | os.PathLike[str] | ir.Model | onnx.ModelProto) -> i
     if isinstance(source, onnx.ModelProto):
         model = _from_proto(source, "the given ModelProto")
         _check_not_empty(model, "the given ModelProto")
+        _check_values_defined(model, "the given ModelProto")
         return model
     if not isinstance(source, (str, os.PathLike)):
         raise ModelLoadError(
@@ -112,6 +113,7 @@ def load_model(source: str | os.PathLike[str] | ir.Model | onnx.ModelProto) -> i
             "(convert it first with `ferry convert`)"
         ) from e
     _check_not_empty(model, str(path))
+    _check_values_defined(model, str(path))
     _check_external_data(model, path)
     model.meta["ferry.source_path"] = str(path.resolve())
     return model
@@ -136,6 +138,27 @@ def _check_not_empty(model: ir.Model, what: str) -> None:
         raise ModelLoadError(
             f"{what} holds no ONNX graph (no IR version, nodes or outputs); it is probably not an "
             "ONNX file (other formats: see `ferry convert --help`)"
+        )
+
+
+def _check_values_defined(model: ir.Model, what: str) -> None:
+    """Every value a top-level node reads must come from somewhere; say which ones do not."""
+    undefined = [
+        (node, value.name)
+        for node in model.graph
+        for value in node.inputs
+        if value is not None
+        and value.producer() is None
+        and not value.is_graph_input()
+        and not value.is_initializer()
+    ]
+    if undefined:
+        listing = "; ".join(
+            f"node {n.name or n.op_type!r} ({n.op_type}) reads {v!r}" for n, v in undefined[:5]
+        )
+        more = f" and {len(undefined) - 5} more" if len(undefined) > 5 else ""
+        raise ModelLoadError(
+            f"{what} is malformed: {listing}{more}, which no node, input or initializer defines"
         )
 
 

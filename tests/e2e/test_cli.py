@@ -25,7 +25,7 @@ def test_version_and_help() -> None:
     assert code == 0 and __version__ in out
     for command in ("info", "run", "convert", "bench"):
         code, out, _ = ferry(command, "--help")
-        assert code == 0 and "Usage:" in out and "MODEL" in out
+        assert code == 0 and "Usage:" in out and ("MODEL" in out or "SOURCE" in out)
 
 
 def test_info_text_and_json(mlp_path: Path) -> None:
@@ -98,8 +98,22 @@ def test_run_saves_outputs_with_unsafe_names(tmp_path: Path) -> None:
             ["convert", "{mlp}", "-o", "{tmp}/o.onnx", "--opset", "13"],
             "Adapter From Version 14 for Relu",
         ),
-        (["convert", "{tmp}/x.npy", "-o", "{tmp}/o.onnx"], "converts ONNX models"),
-        (["convert", "{tmp}/broken_graph.onnx", "-o", "{tmp}/o.onnx"], "fails ONNX's checker"),
+        (["convert", "{tmp}/x.npy", "-o", "{tmp}/o.onnx"], "cannot tell which framework"),
+        (["convert", "{tmp}/nope.pt2", "-o", "{tmp}/o.onnx"], "model not found"),
+        (
+            ["convert", "{mlp}", "-o", "{tmp}/o.onnx", "--from", "caffe"],
+            "unknown source format 'caffe'",
+        ),
+        (["convert", "{mlp}", "-o", "{tmp}/o.onnx", "--tolerance", "x"], "--tolerance takes"),
+        (["convert", "{mlp}", "-o", "{tmp}/o.onnx", "--shape", "x=1x?"], "bad shape"),
+        (
+            ["convert", "{tmp}/broken_graph.onnx", "-o", "{tmp}/o.onnx"],
+            "reads 'does_not_exist', which no node",
+        ),
+        (
+            ["convert", "{tmp}/bad_attr.onnx", "-o", "{tmp}/o.onnx"],
+            "fails ONNX's checker: Unrecognized attribute: bogus",
+        ),
         (["bench", "{mlp}", "--shape", "x=1x2"], "dim 1 is fixed at 16"),
     ],
 )
@@ -114,6 +128,9 @@ def test_user_errors_exit_2_with_one_line(
     broken = models.mlp()
     broken.graph.node[1].input[0] = "does_not_exist"
     onnx.save(broken, tmp_path / "broken_graph.onnx")
+    bad_attr = models.mlp()
+    bad_attr.graph.node[0].attribute.append(onnx.helper.make_attribute("bogus", 1))
+    onnx.save(bad_attr, tmp_path / "bad_attr.onnx")
     argv = [a.format(mlp=mlp_path, tmp=tmp_path) for a in args]
     code, out, err = ferry(*argv)
     assert code == 2, (out, err)
@@ -127,7 +144,7 @@ def test_convert_changes_opset_and_keeps_outputs(tmp_path: Path, mlp_path: Path)
     for opset in (15, 21):
         out = tmp_path / f"mlp{opset}.onnx"
         code, text, _ = ferry("convert", mlp_path, "-o", out, "--opset", opset)
-        assert code == 0 and f"opset 17 -> {opset}" in text
+        assert code == 0 and f"(opset {opset}, checked)" in text and "parity ok" in text
         converted = onnx.load(out)
         assert converted.opset_import[0].version == opset
         onnx.checker.check_model(converted, full_check=True)

@@ -1,18 +1,23 @@
-"""``ferry convert``: bring a model into ferry's unified graph and write it as ONNX."""
+"""``ferry convert``: bring a model from any supported framework into ONNX, verified against its source."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.markup import escape
+from rich.table import Table
 
-from ferry.cli._common import console, model_argument
-from ferry.errors import ConversionError, InvalidInputError
+from ferry.cli._common import console, split_pairs, write_json
+from ferry.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from ferry.converters import ConversionResult
 
 
 @click.command("convert")
-@model_argument
+@click.argument("source", type=click.Path(path_type=Path))
 @click.option(
     "-o",
     "--output",
@@ -20,36 +25,158 @@ from ferry.errors import ConversionError, InvalidInputError
     type=click.Path(dir_okay=False, path_type=Path),
     help="ONNX file to write.",
 )
-@click.option("--opset", type=int, default=None, help="Convert to this default-domain opset.")
+@click.option(
+    "--from",
+    "from_",
+    metavar="FORMAT",
+    help="Force the source format: onnx, pytorch, tensorflow, tflite, paddle, sklearn.",
+)
+@click.option(
+    "--opset", type=int, default=None, help="ONNX opset of the result (default: the converter's)."
+)
+@click.option(
+    "--shape",
+    "shapes",
+    multiple=True,
+    metavar="NAME=DIMS",
+    help="Shape of an input the source leaves open, e.g. input=batch,3,224,224 (names stay symbolic).",
+)
+@click.option(
+    "--example-input",
+    "examples",
+    multiple=True,
+    metavar="NAME=FILE.npy",
+    help="Verify with this input instead of random data (repeatable).",
+)
+@click.option(
+    "--trust-pickle",
+    is_flag=True,
+    help="Allow loading pickled files (.pt checkpoints, .pkl, .joblib): they can run code.",
+)
+@click.option(
+    "--verify/--no-verify",
+    default=True,
+    show_default=True,
+    help="Compare outputs with the source framework.",
+)
+@click.option(
+    "--tolerance",
+    metavar="ATOL[,RTOL]",
+    help="Parity tolerance for every output (default: by dtype).",
+)
 @click.option(
     "--external-data/--no-external-data",
     default=None,
-    help="Keep weights in OUTPUT.data beside the model (default: as the input did, or above 1 GiB).",
+    help="Keep weights in OUTPUT.data beside the model (default: above 1 GiB or as the input did).",
 )
-def command(model: Path, output: Path, opset: int | None, external_data: bool | None) -> None:
-    """Convert MODEL to an ONNX file OUTPUT: opset conversion, shape inference and ONNX's checker.
+@click.option(
+    "--report",
+    type=click.Path(dir_okay=False),
+    help="Write the parity report as JSON ('-': stdout).",
+)
+def command(
+    source: Path,
+    output: Path,
+    from_: str | None,
+    opset: int | None,
+    shapes: tuple[str, ...],
+    examples: tuple[str, ...],
+    trust_pickle: bool,
+    verify: bool,
+    tolerance: str | None,
+    external_data: bool | None,
+    report: str | None,
+) -> None:
+    """Convert SOURCE to an ONNX file OUTPUT and check it computes what SOURCE does.
 
-    The input file is never modified; OUTPUT is written atomically.
+    SOURCE: .onnx, PyTorch (.pt2 torch.export archive, .pt TorchScript), TensorFlow (SavedModel
+    folder, .keras, .h5), .tflite, PaddlePaddle (.pdmodel or .json with .pdiparams), scikit-learn
+    (.pkl/.joblib, needs --trust-pickle). The result passes ONNX's checker and, unless
+    --no-verify, its outputs match the source framework's on the same inputs; otherwise nothing is
+    written. SOURCE is never modified; OUTPUT is written atomically.
 
     \b
-    Example:
+    Examples:
       ferry convert model.onnx -o model17.onnx --opset 17
+      ferry convert model.pt2 -o model.onnx
+      ferry convert saved_model/ -o model.onnx --shape input=batch,224,224,3
+      ferry convert model.tflite -o model.onnx
+      ferry convert pipeline.joblib -o pipeline.onnx --trust-pickle
     """
-    from ferry.converters import convert_onnx
-    from ferry.graph import load_model, resolve_model_file, save_model
+    import ferry
+    from ferry.runtime.feeds import load_npy, parse_dims
 
-    source = resolve_model_file(model)
-    if source.suffix.lower() != ".onnx":
-        raise ConversionError(
-            f"cannot convert {source.name}: this version of ferry converts ONNX models (.onnx)"
-        )
-    if output.exists() and output.resolve() == source.resolve():
+    if output.exists() and source.exists() and output.resolve() == source.resolve():
         raise InvalidInputError(
             f"refusing to overwrite the input model {source}; choose another --output path"
         )
-    loaded = load_model(source)
-    before = loaded.opset_imports.get("", None)
-    converted = convert_onnx(loaded, opset=opset)
-    save_model(converted, output, external_data=external_data)
-    after = converted.opset_imports.get("", None)
-    console.print(f"wrote {escape(str(output))} (opset {before} -> {after}, checked)")
+    input_shapes = {name: parse_dims(dims) for name, dims in split_pairs(shapes, "--shape").items()}
+    example_inputs = {
+        name: load_npy(path, name)
+        for name, path in split_pairs(examples, "--example-input").items()
+    }
+    result = ferry.convert(
+        source,
+        example_inputs=example_inputs or None,
+        input_shapes=input_shapes or None,
+        opset=opset,
+        verify=verify,
+        tolerance=_parse_tolerance(tolerance),
+        from_=from_,
+        trust_pickle=trust_pickle,
+    )
+    result.save(output, external_data=external_data)
+    quiet = report == "-"
+    if not quiet:
+        _print(result, output)
+    if report is not None:
+        write_json(
+            {
+                "source": result.source,
+                "converter": result.converter,
+                "output": str(output),
+                "notes": result.notes,
+                "parity": result.parity.to_dict(),
+            },
+            report,
+        )
+
+
+def _print(result: ConversionResult, output: Path) -> None:
+    console.print(f"converted {escape(result.source)} with the {result.converter} converter")
+    for note in result.notes:
+        console.print(f"note: {escape(note)}")
+    parity = result.parity
+    if parity.skipped is None:
+        table = Table(
+            "output", "shape", "dtype", "max abs err", "max rel err", "tolerance", "ok", box=None
+        )
+        for o in parity.outputs:
+            table.add_row(
+                escape(o.name),
+                escape(str(list(o.shape))),
+                o.dtype,
+                f"{o.max_abs_error:.3g}",
+                f"{o.max_rel_error:.3g}",
+                f"{o.atol:g}+{o.rtol:g}·|x|",
+                "yes" if o.passed else "NO",
+            )
+        console.print(table)
+    console.print(escape(parity.summary()))
+    opset = result.model.opset_imports.get("", None)
+    console.print(f"wrote {escape(str(output))} (opset {opset}, checked)")
+
+
+def _parse_tolerance(text: str | None) -> tuple[float, float] | None:
+    if text is None:
+        return None
+    parts = text.split(",")
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        raise InvalidInputError(
+            f"--tolerance takes ATOL or ATOL,RTOL as numbers, got {text!r}"
+        ) from None
+    if len(values) not in (1, 2) or any(v < 0 for v in values):
+        raise InvalidInputError(f"--tolerance takes ATOL or ATOL,RTOL (non-negative), got {text!r}")
+    return (values[0], values[1] if len(values) == 2 else 0.0)

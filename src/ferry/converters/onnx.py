@@ -8,15 +8,19 @@ Before -> After::
 from __future__ import annotations
 
 import logging
+from pathlib import Path
+from typing import Any
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 from onnx_ir.passes.common import CheckerPass, ShapeInferencePass
 from onnxscript.version_converter import ConvertVersionPass
 
+from ferry.converters.base import Converted, ConvertOptions
 from ferry.errors import ConversionError
 
-__all__ = ["MIN_OPSET", "check_model", "convert_onnx", "max_opset"]
+__all__ = ["MIN_OPSET", "OnnxConverter", "check_model", "convert_onnx", "max_opset"]
 
 logger = logging.getLogger(__name__)
 
@@ -113,3 +117,43 @@ def _why_not(model: ir.Model, opset: int) -> str:
 def _short(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
+
+
+class OnnxConverter:
+    """ONNX sources: ``.onnx`` files, artifact folders, ``onnx.ModelProto``, ``onnx_ir.Model``.
+
+    The reference is the original model on ONNX Runtime, so an opset conversion is verified
+    against the model as it was.
+    """
+
+    name = "onnx"
+    extra = ""
+    suffixes = (".onnx",)
+
+    def sniff(self, path: Path) -> bool:
+        if path.is_dir():
+            return (path / "model.onnx").is_file()
+        return path.suffix.lower() == ".onnx"
+
+    def accepts(self, obj: object) -> bool:
+        return isinstance(obj, (ir.Model, onnx.ModelProto))
+
+    def convert(self, source: Path | object, options: ConvertOptions) -> Converted:
+        from ferry.graph import load_model
+
+        if not isinstance(source, (Path, ir.Model, onnx.ModelProto)):
+            raise ConversionError(f"the onnx converter cannot read a {type(source).__name__}")
+        original = load_model(source)
+        session: list[Any] = []
+
+        def reference(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            import ferry
+
+            if not session:
+                session.append(ferry.load(source))
+            return session[0].run(feeds)
+
+        # The caller's in-memory model must come out of the conversion unchanged; a file or a
+        # proto was just deserialized into a model of our own.
+        model = original.clone() if original is source else original
+        return Converted(model=model, reference=reference)

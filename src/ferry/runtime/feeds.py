@@ -12,7 +12,7 @@ import numpy as np
 from ferry.errors import InvalidInputError
 from ferry.runtime.specs import TensorSpec
 
-__all__ = ["concrete_shape", "load_npy", "parse_shape", "random_feeds"]
+__all__ = ["concrete_shape", "load_npy", "parse_dims", "parse_shape", "random_feeds"]
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -27,6 +27,27 @@ def parse_shape(text: str) -> tuple[int, ...]:
     if any(d < 0 for d in dims):
         raise InvalidInputError(f"bad shape {text!r}: dims cannot be negative")
     return dims
+
+
+def parse_dims(text: str) -> tuple[int | str, ...]:
+    """Like :func:`parse_shape`, but a dim may be a name that stays symbolic: ``"batch,3,224,224"``.
+
+    Use commas when a name contains an ``x``.
+    """
+    parts = text.split(",") if "," in text else text.split("x")
+    dims: list[int | str] = []
+    for part in (p.strip() for p in parts if text.strip()):
+        if part.lstrip("-").isdigit():
+            if int(part) < 0:
+                raise InvalidInputError(f"bad shape {text!r}: dims cannot be negative")
+            dims.append(int(part))
+        elif part.isidentifier():
+            dims.append(part)
+        else:
+            raise InvalidInputError(
+                f"bad shape {text!r}: each dim is an integer or a name, e.g. batch,3,224,224"
+            )
+    return tuple(dims)
 
 
 def concrete_shape(spec: TensorSpec, given: Sequence[int] | None = None) -> tuple[int, ...]:
