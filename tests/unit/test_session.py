@@ -247,3 +247,15 @@ def test_run_is_thread_safe() -> None:
     for t in threads:
         t.join()
     assert not errors
+
+
+def test_a_model_changed_after_loading_runs_as_changed(mlp_path: Path) -> None:
+    from ferry.graph import load_model
+
+    model = load_model(mlp_path)
+    softmax = next(n for n in model.graph if n.op_type == "Softmax")
+    softmax.attributes["axis"] = ir.AttrInt64("axis", 0)  # softmax over the batch instead
+    x = RNG.standard_normal((3, 16)).astype(np.float32)
+    changed = ferry.load(model).run({"x": x})["y"]
+    assert np.allclose(changed.sum(axis=0), 1.0, atol=1e-5)
+    assert not np.allclose(changed, ferry.load(mlp_path).run({"x": x})["y"])

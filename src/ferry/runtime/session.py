@@ -53,7 +53,9 @@ def load(
     for name in names:
         get_backend(name)  # fail early, naming the missing engine
     model = load_model(source)
-    source_path = model_source_path(model)
+    # Engines may read the file itself only when it is what we were given: an in-memory model
+    # loaded from a file may have been changed since.
+    source_path = model_source_path(model) if isinstance(source, (str, os.PathLike)) else None
     # Work on a copy (weights are shared, not copied) so that naming nodes never touches the caller's model.
     work = model.clone()
     NameFixPass()(work)
