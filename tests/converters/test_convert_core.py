@@ -1,0 +1,143 @@
+"""ferry.convert's own machinery: converter choice, opset + checker, and the parity check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from click.testing import CliRunner
+
+import ferry
+import models
+from ferry.cli.main import cli
+from ferry.converters import Converted, get_converter, resolve_converter
+from ferry.converters.onnx import OnnxConverter
+from ferry.converters.parity import ParityError, compare_outputs, default_tolerance
+from ferry.errors import ConversionError, ModelLoadError
+
+
+def test_onnx_conversion_is_verified_against_the_original(tmp_path: Path) -> None:
+    path = tmp_path / "mlp.onnx"
+    onnx.save(models.mlp(), path)
+    result = ferry.convert(path, opset=21)
+    assert result.converter == "onnx"
+    assert result.model.opset_imports[""] == 21
+    assert result.parity.passed and result.parity.skipped is None
+    (out,) = result.parity.outputs
+    assert out.name == "y" and out.max_abs_error < 1e-6 and (out.atol, out.rtol) == (1e-4, 1e-3)
+    saved = result.save(tmp_path / "out.onnx")
+    assert onnx.load(saved).opset_import[0].version == 21
+
+
+def test_in_memory_model_is_left_unchanged() -> None:
+    model = ir.from_proto(models.mlp())
+    before = ir.to_proto(model).SerializeToString()
+    result = ferry.convert(model, opset=15)
+    assert result.model is not model and result.model.opset_imports[""] == 15
+    assert ir.to_proto(model).SerializeToString() == before
+
+
+def test_verify_off_is_reported_as_skipped() -> None:
+    result = ferry.convert(models.mlp(), verify=False)
+    assert not result.parity.passed and result.parity.skipped == "verification was turned off"
+
+
+def test_a_wrong_conversion_fails_loudly(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    real = OnnxConverter.convert
+
+    def off_by_a_bit(self: OnnxConverter, source: object, options: object) -> Converted:
+        converted = real(self, source, options)  # type: ignore[arg-type]
+        reference = converted.reference
+        assert reference is not None
+        converted.reference = lambda feeds: {k: v + 0.01 for k, v in reference(feeds).items()}  # type: ignore[union-attr]
+        return converted
+
+    monkeypatch.setattr(OnnxConverter, "convert", off_by_a_bit)
+    with pytest.raises(ParityError) as info:
+        ferry.convert(models.mlp())
+    assert "output 'y'" in str(info.value) and "max abs error 0.01" in str(info.value)
+    assert not info.value.report.passed
+    # A looser tolerance accepts it; the CLI writes nothing when parity fails.
+    assert ferry.convert(models.mlp(), tolerance=(0.02, 0.0)).parity.passed
+    src = tmp_path / "mlp.onnx"
+    onnx.save(models.mlp(), src)
+    result = CliRunner().invoke(cli, ["convert", str(src), "-o", str(tmp_path / "out.onnx")])
+    assert result.exit_code == 2 and "parity FAILED" in result.stderr
+    assert not (tmp_path / "out.onnx").exists()
+    result = CliRunner().invoke(
+        cli, ["convert", str(src), "-o", str(tmp_path / "out.onnx"), "--tolerance", "0.02"]
+    )
+    assert result.exit_code == 0 and (tmp_path / "out.onnx").exists()
+
+
+def test_registry_picks_by_object_suffix_and_name(tmp_path: Path) -> None:
+    assert resolve_converter(models.mlp())[0].name == "onnx"
+    assert resolve_converter(ir.from_proto(models.mlp()))[0].name == "onnx"
+    path = tmp_path / "m.onnx"
+    onnx.save(models.mlp(), path)
+    assert resolve_converter(path)[0].name == "onnx"
+    assert resolve_converter(str(path))[1] == path
+    artifact = tmp_path / "artifact"
+    artifact.mkdir()
+    onnx.save(models.mlp(), artifact / "model.onnx")
+    assert resolve_converter(artifact)[0].name == "onnx"
+    assert get_converter("torch").name == "pytorch" and get_converter("keras").name == "tensorflow"
+    with pytest.raises(ConversionError, match="unknown source format 'caffe'"):
+        get_converter("caffe")
+    with pytest.raises(ConversionError, match="cannot convert a builtins.dict"):
+        resolve_converter({"not": "a model"})
+    with pytest.raises(ModelLoadError, match="not found"):
+        resolve_converter(tmp_path / "missing.onnx")
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(ConversionError, match="cannot tell which framework"):
+        resolve_converter(tmp_path / "notes.txt")
+
+
+def test_every_registered_converter_imports_without_its_framework() -> None:
+    from ferry.converters.registry import converter_names
+
+    for name in converter_names():
+        converter = get_converter(name)
+        assert converter.name == name and isinstance(converter.suffixes, tuple)
+        assert converter.accepts(object()) is False
+
+
+def test_compare_outputs() -> None:
+    a = np.array([[1.0, 2.0]], np.float32)
+    ok = compare_outputs({"y": a}, [a + 1e-6])
+    assert ok.passed and ok.outputs[0].max_abs_error == pytest.approx(1e-6, rel=0.1)
+    bad = compare_outputs({"y": a}, {"y": a + 1.0})
+    assert not bad.passed and bad.outputs[0].mismatched == 2
+    assert "2 element(s) off" in bad.summary()
+    labels = np.array([1, 2, 3])
+    assert not compare_outputs({"label": labels}, [np.array([1, 2, 4])]).passed
+    squeezed = compare_outputs({"v": np.ones((3, 1), np.float32)}, [np.ones(3)])
+    assert squeezed.passed
+    shape = compare_outputs({"v": np.ones((3, 2), np.float32)}, [np.ones((2, 3))])
+    assert not shape.passed and "shape [3, 2]" in shape.summary()
+    nan = np.array([np.nan, 1.0], np.float32)
+    assert compare_outputs({"y": nan}, [nan.copy()]).passed
+    assert not compare_outputs({"y": nan}, [np.array([0.0, 1.0])]).passed
+    renamed = compare_outputs({"y": a}, {"output_0": a})
+    assert renamed.passed
+    with pytest.raises(ConversionError, match="gives 2 outputs"):
+        compare_outputs({"y": a}, [a, a])
+    assert default_tolerance(np.dtype(np.float16)) == (1e-2, 1e-2)
+    assert default_tolerance(np.dtype(np.int64)) == (0.0, 0.0)
+
+
+def test_report_json_from_cli(tmp_path: Path) -> None:
+    import json
+
+    src = tmp_path / "mlp.onnx"
+    onnx.save(models.mlp(), src)
+    result = CliRunner().invoke(
+        cli, ["convert", str(src), "-o", str(tmp_path / "o.onnx"), "--opset", "19", "--report", "-"]
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["converter"] == "onnx" and report["parity"]["passed"] is True
+    assert report["parity"]["outputs"][0]["name"] == "y"

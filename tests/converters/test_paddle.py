@@ -1,0 +1,336 @@
+"""The PaddlePaddle converter: inference models in both program formats, folders, Layers, failures.
+
+Paddle and paddle2onnx live in a Python of their own (``scripts/setup-paddle.sh``), so the test
+models are built there, by a script, and the outputs Paddle computed for them are saved beside
+them: every converted model is run on ONNX Runtime and compared with those, independently of the
+converter's own reference (which ``ferry.convert`` checks too).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ferry
+from ferry.converters.base import ConvertOptions
+from ferry.converters.paddle import PADDLE_PYTHON_ENV, PaddleConverter, find_paddle_python
+from ferry.errors import (
+    BackendUnavailableError,
+    ConversionError,
+    InvalidInputError,
+    ModelLoadError,
+    UnsupportedOpError,
+)
+
+pytestmark = pytest.mark.paddle
+
+ATOL, RTOL = 1e-5, 1e-4
+
+# Runs in the Paddle Python: builds the models and records what Paddle computes for them.
+_BUILD = r"""
+import sys
+import warnings
+
+warnings.filterwarnings("ignore")
+import numpy as np
+import paddle
+
+out = sys.argv[1]
+paddle.seed(0)
+rng = np.random.default_rng(0)
+
+
+class CNN(paddle.nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = paddle.nn.Conv2D(3, 8, 3, padding=1)
+        self.bn1 = paddle.nn.BatchNorm2D(8)
+        self.pool1 = paddle.nn.MaxPool2D(2)
+        self.conv2 = paddle.nn.Conv2D(8, 16, 3, padding=1)
+        self.bn2 = paddle.nn.BatchNorm2D(16)
+        self.pool2 = paddle.nn.AvgPool2D(2)
+        self.fc1 = paddle.nn.Linear(16 * 4 * 4, 32)
+        self.fc2 = paddle.nn.Linear(32, 10)
+
+    def forward(self, image):
+        x = self.pool1(paddle.nn.functional.relu(self.bn1(self.conv1(image))))
+        x = self.pool2(paddle.nn.functional.relu(self.bn2(self.conv2(x))))
+        x = paddle.nn.functional.relu(self.fc1(paddle.flatten(x, 1)))
+        return self.fc2(x)
+
+
+class Unsupported(paddle.nn.Layer):
+    # Ops paddle2onnx 2.1 has no mapping for; each must be named in the error.
+    def forward(self, x):
+        spd = paddle.matmul(x, x, transpose_y=True) + paddle.eye(4)
+        return paddle.linalg.cholesky(spd).sum() + paddle.linalg.det(x).sum()
+
+
+net = CNN()
+# Fresh BatchNorm statistics (mean 0, variance 1) would hide a train/inference mix-up.
+for bn in (net.bn1, net.bn2):
+    n = bn._mean.shape[0]
+    bn._mean.set_value(rng.normal(0, 0.5, n).astype("float32"))
+    bn._variance.set_value(rng.uniform(0.5, 2.0, n).astype("float32"))
+    bn.weight.set_value(rng.uniform(0.5, 1.5, n).astype("float32"))
+    bn.bias.set_value(rng.normal(0, 0.5, n).astype("float32"))
+net.eval()
+spec = [paddle.static.InputSpec([None, 3, 16, 16], "float32", "image")]
+paddle.jit.save(net, out + "/pir/inference", input_spec=spec)
+with paddle.pir_utils.DygraphOldIrGuard():
+    paddle.jit.save(net, out + "/legacy/inference", input_spec=spec)
+x = rng.standard_normal((3, 3, 16, 16)).astype("float32")
+y = net(paddle.to_tensor(x)).numpy()
+np.savez(out + "/expected.npz", x=x, y=y)
+paddle.jit.save(
+    Unsupported(), out + "/unsupported/inference",
+    input_spec=[paddle.static.InputSpec([4, 4], "float32", "x")],
+)
+"""
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The test models, saved by Paddle: pir/, legacy/, unsupported/, expected.npz."""
+    python = find_paddle_python()
+    if python is None:
+        pytest.skip(
+            "no Python with paddlepaddle and paddle2onnx: run scripts/setup-paddle.sh or set "
+            f"{PADDLE_PYTHON_ENV}"
+        )
+    out = tmp_path_factory.mktemp("paddle-models")
+    script = out / "build.py"
+    script.write_text(_BUILD)
+    env = dict(os.environ, GLOG_minloglevel="2")
+    proc = subprocess.run(
+        [str(python), str(script), str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    # A Paddle Python was found, so failing to build with it is a failure, not a skip.
+    assert proc.returncode == 0, f"{python} failed to build the test models:\n{proc.stderr[-3000:]}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def expected(models: Path) -> dict[str, np.ndarray]:
+    with np.load(models / "expected.npz") as data:
+        return {k: data[k] for k in data.files}
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def _copy(src: Path, dest: Path) -> Path:
+    shutil.copytree(src, dest)
+    return dest
+
+
+# --- conversions, checked against Paddle ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fmt", "program"), [("pir", "inference.json"), ("legacy", "inference.pdmodel")]
+)
+def test_cnn_matches_paddle(
+    models: Path, expected: dict[str, np.ndarray], fmt: str, program: str
+) -> None:
+    before = _digest(models / fmt)
+    x, y = expected["x"], expected["y"]
+    result = ferry.convert(models / fmt / program, example_inputs=(x,))
+
+    assert result.converter == "paddle"
+    assert result.parity.passed
+    model = result.model
+    (image,) = model.graph.inputs
+    assert image.name == "image"
+    assert image.shape is not None and str(image.shape[0]) == "batch"
+    assert list(image.shape.dims[1:]) == [3, 16, 16]
+    ops = {n.op_type for n in model.graph}
+    assert {"Conv", "MaxPool", "AveragePool"} <= ops
+
+    session = ferry.load(model)
+    (got,) = session.run({"image": x}).values()
+    np.testing.assert_allclose(got, y, atol=ATOL, rtol=RTOL)
+    # The batch dim stays open: one image gives that image's row.
+    (one,) = session.run({"image": x[:1]}).values()
+    np.testing.assert_allclose(one, y[:1], atol=ATOL, rtol=RTOL)
+    assert _digest(models / fmt) == before, "the converter changed the user's files"
+
+
+def test_folder_opset_shapes_and_reference(
+    models: Path, expected: dict[str, np.ndarray], tmp_path: Path
+) -> None:
+    # A folder holding both formats of one model: the PIR program is the one converted.
+    both = _copy(models / "pir", tmp_path / "both")
+    for f in (models / "legacy").iterdir():
+        shutil.copy(f, both / f.name)
+    converter = PaddleConverter()
+    assert converter.sniff(both)
+    assert converter.sniff(both / "inference.pdiparams")
+    converted = converter.convert(
+        both, ConvertOptions(input_shapes={"image": ("n", 3, 16, 16)}, opset=13)
+    )
+    model = converted.model
+    assert model.opset_imports[""] == 13
+    assert str(model.graph.inputs[0].shape[0]) == "n"
+    (got,) = ferry.load(model).run({"image": expected["x"]}).values()
+    np.testing.assert_allclose(got, expected["y"], atol=ATOL, rtol=RTOL)
+
+    # The converter's reference runs Paddle and names its outputs as the converted model's.
+    assert converted.reference is not None
+    want = converted.reference({"image": expected["x"]})
+    assert isinstance(want, dict)
+    assert list(want) == [v.name for v in model.graph.outputs]
+    np.testing.assert_allclose(next(iter(want.values())), expected["y"], atol=ATOL, rtol=RTOL)
+
+
+def test_layer_in_memory() -> None:
+    paddle = pytest.importorskip("paddle")
+    if find_paddle_python() is None:
+        pytest.skip("no Python with paddle2onnx: run scripts/setup-paddle.sh")
+
+    class TwoHeads(paddle.nn.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = paddle.nn.Conv2D(3, 4, 3)
+            self.bn = paddle.nn.BatchNorm2D(4)
+            self.fc = paddle.nn.Linear(4, 5)
+
+        def forward(self, image: Any, bias: Any) -> Any:
+            x = paddle.nn.functional.relu(self.bn(self.conv(image)))
+            x = paddle.nn.functional.adaptive_avg_pool2d(x, 1).flatten(1)
+            logits = self.fc(x) + bias
+            return logits, paddle.nn.functional.softmax(logits, -1)
+
+    paddle.seed(0)
+    layer = TwoHeads()  # left in training mode: the converter must use eval mode and restore it
+    rng = np.random.default_rng(0)
+    layer.bn._mean.set_value(rng.normal(0, 0.5, 4).astype("float32"))
+    image = rng.standard_normal((2, 3, 8, 8)).astype("float32")
+    bias = rng.standard_normal((2, 5)).astype("float32")
+
+    assert PaddleConverter().accepts(layer)
+    result = ferry.convert(layer, example_inputs=(image, bias))
+    assert result.parity.passed
+    assert layer.training
+    assert [v.name for v in result.model.graph.inputs] == ["image", "bias"]
+    got = list(ferry.load(result.model).run({"image": image, "bias": bias}).values())
+    layer.eval()
+    want = [t.numpy() for t in layer(paddle.to_tensor(image), paddle.to_tensor(bias))]
+    assert len(got) == 2
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=ATOL, rtol=RTOL)
+
+
+# --- failures -------------------------------------------------------------------------------
+
+
+def test_unsupported_ops_are_all_listed(models: Path) -> None:
+    with pytest.raises(UnsupportedOpError) as info:
+        PaddleConverter().convert(models / "unsupported", ConvertOptions())
+    ops = {op for op, _ in info.value.ops}
+    assert {"pd_op.cholesky", "pd_op.det"} <= ops
+    assert "pd_op.cholesky" in str(info.value) and "pd_op.det" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("damage", "fmt", "program"),
+    [
+        # paddle2onnx itself writes a model without those weights from a truncated file.
+        ("truncated", "pir", "inference.json"),
+        ("garbage", "legacy", "inference.pdmodel"),
+        ("missing", "pir", "inference.json"),
+        ("missing", "legacy", "inference.pdmodel"),
+        ("program", "legacy", "inference.pdmodel"),
+    ],
+)
+def test_damaged_files_are_a_load_error(
+    models: Path, tmp_path: Path, damage: str, fmt: str, program: str
+) -> None:
+    folder = _copy(models / fmt, tmp_path / fmt)
+    params = folder / "inference.pdiparams"
+    if damage == "truncated":
+        params.write_bytes(params.read_bytes()[: params.stat().st_size // 2])
+    elif damage == "garbage":
+        params.write_bytes(np.random.default_rng(0).bytes(params.stat().st_size))
+    elif damage == "missing":
+        params.unlink()
+    else:
+        (folder / program).write_bytes(np.random.default_rng(0).bytes(500))
+    culprit = program if damage == "program" else "inference.pdiparams"
+    with pytest.raises(ModelLoadError, match=culprit) as info:
+        PaddleConverter().convert(folder / program, ConvertOptions())
+    if damage == "missing":
+        assert "missing" in str(info.value)
+
+
+def test_shapes_that_contradict_the_program(models: Path) -> None:
+    converter = PaddleConverter()
+    with pytest.raises(InvalidInputError, match="fixes it at 3"):
+        converter.convert(models / "pir", ConvertOptions(input_shapes={"image": (1, 4, 16, 16)}))
+    with pytest.raises(InvalidInputError, match="'images'"):
+        converter.convert(models / "pir", ConvertOptions(dynamic_axes={"images": {0: "n"}}))
+
+
+# --- without Paddle -------------------------------------------------------------------------
+
+
+def test_sniff_and_accepts(tmp_path: Path) -> None:
+    converter = PaddleConverter()
+    pir = tmp_path / "inference.json"
+    pir.write_text('{"base_code":{"magic":"pir","trainable":true,"version":4},"program":{}}')
+    other = tmp_path / "config.json"
+    other.write_text('{"name": "not a model"}')
+    legacy = tmp_path / "net.pdmodel"
+    legacy.write_bytes(b"\n\x95:")
+    assert converter.sniff(pir)
+    assert not converter.sniff(other)
+    assert converter.sniff(legacy)
+    assert converter.sniff(tmp_path)
+    assert not converter.sniff(tmp_path / "absent.pdmodel")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert not converter.sniff(empty)
+    assert not converter.accepts(np.zeros(3))
+    assert not converter.accepts(object())
+    with pytest.raises(ModelLoadError, match="several Paddle programs"):
+        converter.convert(tmp_path, ConvertOptions())
+    with pytest.raises(ModelLoadError, match="not a Paddle program"):
+        converter.convert(other, ConvertOptions())
+    with pytest.raises(ModelLoadError, match="no Paddle inference model"):
+        converter.convert(empty, ConvertOptions())
+    with pytest.raises(ConversionError, match="cannot convert a list"):
+        converter.convert([1, 2], ConvertOptions())
+
+
+def test_missing_toolchain_says_how_to_set_it_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    program = tmp_path / "inference.json"
+    program.write_text('{"base_code":{"magic":"pir","version":4},"program":{}}')
+    monkeypatch.setenv(PADDLE_PYTHON_ENV, str(tmp_path / "no-such-python"))
+    with pytest.raises(BackendUnavailableError, match="setup-paddle.sh"):
+        PaddleConverter().convert(program, ConvertOptions())
+    # A Python without paddle: the worker reports it instead of a traceback.
+    monkeypatch.setenv(PADDLE_PYTHON_ENV, sys.executable)
+    if _has_no_paddle():
+        with pytest.raises(BackendUnavailableError, match="cannot import paddle"):
+            PaddleConverter().convert(program, ConvertOptions())
+
+
+def _has_no_paddle() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("paddle") is None
