@@ -1,0 +1,186 @@
+"""The parity reference: the source ``.tflite`` run by the LiteRT interpreter.
+
+For dynamic-range (hybrid) models, LiteRT's kernels quantize activations to int8 on the fly while
+the converted model computes in float with the weights dequantized, which is more exact; over a
+deep network the two drift apart by a good share of the output range, which no fixed tolerance
+separates from a conversion bug. So for those models the reference runs a copy of the file with
+the hybrid weights dequantized to float32 (LiteRT then runs its float kernels), and the check stays
+as strict as for float models. :func:`hybrid_weights` says whether a model is hybrid.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ferry.converters._tflite.reader import Subgraph
+from ferry.converters.base import ReferenceFn
+from ferry.errors import InvalidInputError
+
+__all__ = ["HYBRID_OPS", "dequantize_hybrid_weights", "hybrid_weights", "make_reference"]
+
+logger = logging.getLogger(__name__)
+
+#: Ops that have hybrid kernels: float activations, int8 (or int4) constant weights.
+HYBRID_OPS = {
+    "CONV_2D",
+    "DEPTHWISE_CONV_2D",
+    "FULLY_CONNECTED",
+    "BATCH_MATMUL",
+    "TRANSPOSE_CONV",
+    "UNIDIRECTIONAL_SEQUENCE_LSTM",
+    "BIDIRECTIONAL_SEQUENCE_LSTM",
+    "UNIDIRECTIONAL_SEQUENCE_RNN",
+    "SVDF",
+    "EMBEDDING_LOOKUP",
+}
+_FLOAT32, _INT8, _INT4 = 0, 9, 17
+
+
+def hybrid_weights(sg: Subgraph) -> set[int]:
+    """Indices of the int8/int4 constant tensors that hybrid ops read with float activations."""
+    found: set[int] = set()
+    for op in sg.operators:
+        if op.opcode not in HYBRID_OPS:
+            continue
+        floats = [i for i in op.inputs if i >= 0 and sg.tensors[i].type == _FLOAT32]
+        if not floats:
+            continue
+        for i in op.inputs:
+            t = sg.tensors[i] if i >= 0 else None
+            if t is not None and t.type in (_INT8, _INT4) and t.data is not None and t.quant:
+                found.add(i)
+    return found
+
+
+def _interpreter() -> tuple[Any, Any, str]:
+    """(Interpreter class, flatbuffer schema module, why not) from LiteRT, else TensorFlow."""
+    try:
+        from ai_edge_litert import schema_py_generated as schema
+        from ai_edge_litert.interpreter import Interpreter
+
+        return Interpreter, schema, ""
+    except ImportError:
+        pass
+    try:  # TensorFlow still ships the interpreter (deprecated in favour of LiteRT)
+        import tensorflow as tf
+        from tensorflow.lite.python import schema_py_generated as schema
+
+        return tf.lite.Interpreter, schema, ""
+    except ImportError:
+        return (
+            None,
+            None,
+            "neither ai-edge-litert nor tensorflow is installed (pip install 'ferry[tflite]')",
+        )
+
+
+def dequantize_hybrid_weights(data: bytes, schema: Any, tensors: set[int]) -> bytes:
+    """A copy of the flatbuffer with subgraph 0's ``tensors`` (int8/int4 weights) turned into
+    float32 constants, through the schema's object API (the TFLite writer's own code)."""
+    import flatbuffers
+
+    model = schema.ModelT.InitFromPackedBuf(data, 0)
+    sg = model.subgraphs[0]
+    for index in sorted(tensors):
+        t = sg.tensors[index]
+        buffer = model.buffers[t.buffer]
+        raw = np.asarray(buffer.data, dtype=np.uint8)
+        count = int(np.prod(t.shape)) if t.shape is not None and len(t.shape) else 1
+        if t.type == _INT4:
+            low = (raw & 0x0F).astype(np.int16)
+            high = (raw >> 4).astype(np.int16)
+            values = np.stack([low, high], axis=-1).reshape(-1)[:count]
+            values = np.where(values > 7, values - 16, values)
+        else:
+            values = raw.view(np.int8)[:count].astype(np.int16)
+        q = t.quantization
+        scale = np.asarray(q.scale, dtype=np.float32).reshape(-1)
+        zero = (
+            np.asarray(q.zeroPoint, dtype=np.int64).reshape(-1)
+            if q.zeroPoint is not None and len(q.zeroPoint)
+            else np.zeros(scale.shape, np.int64)
+        )
+        shape = tuple(int(d) for d in t.shape) if t.shape is not None else ()
+        values = values.reshape(shape).astype(np.float32)
+        broadcast = [1] * len(shape)
+        if scale.size > 1:
+            broadcast[q.quantizedDimension] = -1
+        real = ((values - zero.reshape(broadcast)) * scale.reshape(broadcast)).astype("<f4")
+        fresh = schema.BufferT()
+        fresh.data = np.frombuffer(real.tobytes(), dtype=np.uint8)
+        model.buffers.append(fresh)  # buffers may be shared: leave the original alone
+        t.buffer = len(model.buffers) - 1
+        t.type = _FLOAT32
+        t.quantization = None
+    builder = flatbuffers.Builder(len(data) * 2 + 1024)
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())
+
+
+def make_reference(
+    data: bytes,
+    sg: Subgraph,
+    in_names: Sequence[str],
+    out_names: Sequence[str],
+    *,
+    dequantize_hybrid: bool = True,
+) -> tuple[ReferenceFn | None, list[str]]:
+    """A function running the model with LiteRT, and notes on how it runs it.
+
+    Inputs and outputs are named as the converted model's (``in_names``/``out_names`` follow
+    subgraph 0's input and output order).
+    """
+    cls, schema, why = _interpreter()
+    if cls is None:
+        return None, [f"no reference run: {why}"]
+    notes = []
+    hybrid = hybrid_weights(sg) if dequantize_hybrid else set()
+    content = data
+    if hybrid:
+        try:
+            content = dequantize_hybrid_weights(data, schema, hybrid)
+        except Exception as e:  # an unusual file the object API cannot round-trip
+            logger.debug("cannot dequantize the hybrid weights", exc_info=True)
+            return None, [f"no reference run: cannot rewrite the hybrid weights ({e})"]
+        notes.append(
+            f"dynamic-range quantized model: {len(hybrid)} int8 weight tensors are dequantized "
+            "in the converted model, which computes in float; the reference ran LiteRT on the "
+            "same dequantized weights (LiteRT's hybrid kernels also round activations to int8)"
+        )
+    try:
+        interpreter = cls(model_content=content)
+        details = {d["index"]: d for d in interpreter.get_input_details()}
+        outputs = {d["index"]: d for d in interpreter.get_output_details()}
+    except Exception as e:  # custom/Flex ops it lacks, names it cannot decode...: no reference
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return None, [*notes, f"no reference run: LiteRT cannot load the model: {first}"]
+    state: dict[str, Any] = {"shapes": None}
+
+    def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        arrays = []
+        for index, name in zip(sg.inputs, in_names):
+            if name not in feeds:
+                raise InvalidInputError(f"the TFLite reference needs input {name!r}")
+            arrays.append((details[index], np.ascontiguousarray(feeds[name])))
+        shapes = [a.shape for _, a in arrays]
+        if shapes != state["shapes"]:
+            for detail, array in arrays:
+                interpreter.resize_tensor_input(detail["index"], array.shape, strict=False)
+            interpreter.allocate_tensors()
+            state["shapes"] = shapes
+        for detail, array in arrays:
+            interpreter.set_tensor(detail["index"], array.astype(detail["dtype"], copy=False))
+        # LiteRT keeps variable tensors (LSTM states) from one invoke to the next; the ONNX
+        # model starts every run from their initial values, so the reference must too.
+        interpreter.reset_all_variables()
+        interpreter.invoke()
+        return {
+            name: np.array(interpreter.get_tensor(outputs[index]["index"]))
+            for index, name in zip(sg.outputs, out_names)
+        }
+
+    return run, notes

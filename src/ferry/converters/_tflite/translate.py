@@ -1,0 +1,188 @@
+"""Translate subgraph 0 of a TFLite model into an ``onnx_ir.Model``.
+
+Every operator is translated in the file's order (TFLite stores them in execution order). An op
+that cannot be translated is recorded and the walk goes on, so that one error lists every
+unsupported op; ops downstream of a failed one are only checked for a translator.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+import onnx_ir as ir
+from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+from ferry._version import __version__
+from ferry.converters._tflite.builder import Builder, Unsupported
+from ferry.converters._tflite.ops import CONTROL_FLOW, CUSTOM_TRANSLATORS, TRANSLATORS
+from ferry.converters._tflite.reader import Model, Operator, Subgraph
+from ferry.errors import ConversionError, FerryError, UnsupportedOpError
+
+__all__ = ["DEFAULT_OPSET", "input_dims", "translate"]
+
+logger = logging.getLogger(__name__)
+
+#: The opset written: 18 has Resize with ``axes`` (NHWC resize without transposes) and
+#: Reduce*/Split with axes as inputs.
+DEFAULT_OPSET = 18
+# 16-bit QuantizeLinear (int16 activations) arrived in opset 21.
+_OPSET_16BIT = 21
+_IR_VERSIONS = {18: 8, 21: 10}
+
+
+def input_dims(
+    subgraph: Subgraph,
+    index: int,
+    input_shapes: Mapping[str, Sequence[int | str]] | None = None,
+    dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
+) -> list[int | str]:
+    """The declared shape of graph input ``index``: TFLite's, open dims made symbolic.
+
+    ``input_shapes`` replaces a shape whole; ``dynamic_axes`` names dims symbolic.
+    """
+    t = subgraph.tensors[index]
+    dims: list[int | str] = [
+        d if d is not None else f"{t.name}_dim{i}" for i, d in enumerate(t.dims)
+    ]
+    if input_shapes and t.name in input_shapes:
+        dims = list(input_shapes[t.name])
+    for axis, name in ((dynamic_axes or {}).get(t.name) or {}).items():
+        if 0 <= axis < len(dims):
+            dims[axis] = name
+    return dims
+
+
+def translate(
+    model: Model,
+    source: str,
+    *,
+    input_shapes: Mapping[str, Sequence[int | str]] | None = None,
+    dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
+) -> ir.Model:
+    """Translate ``model``'s main subgraph.
+
+    Raises:
+        UnsupportedOpError: listing every op that cannot be translated, with counts.
+        ConversionError: the model is inconsistent in a way the reader did not catch.
+    """
+    sg = model.subgraphs[0]
+    opset = _OPSET_16BIT if _has_16bit_activations(sg) else DEFAULT_OPSET
+    b = Builder(sg, opset)
+    for index in sg.inputs:
+        try:
+            b.add_input(index, input_dims(sg, index, input_shapes, dynamic_axes))
+        except Unsupported as e:
+            raise ConversionError(
+                f"{source}: graph input {sg.tensors[index].name!r}: {e}"
+            ) from None
+
+    problems: list[tuple[Operator, str]] = []
+    failed: set[int] = set()
+    for op in sg.operators:
+        b.op = op
+        translator = (
+            CUSTOM_TRANSLATORS.get(op.custom_code or "")
+            if op.opcode == "CUSTOM"
+            else TRANSLATORS.get(op.opcode)
+        )
+        reason = _why_unsupported(op) if translator is None else None
+        if translator is None or any(i in failed for i in op.inputs if i >= 0):
+            # Downstream of a failed op only the translator's existence can be checked.
+            if reason is not None:
+                problems.append((op, reason))
+            failed.update(op.outputs)
+            continue
+        try:
+            translator(b, op)
+        except Unsupported as e:
+            problems.append((op, str(e)))
+            failed.update(op.outputs)
+            continue
+        except FerryError:
+            raise
+        except (IndexError, KeyError, ValueError, TypeError, ArithmeticError) as e:
+            # Translators trust what the reader checked; an op with too few inputs or options
+            # that contradict its tensors' shapes lands here.
+            raise ConversionError(
+                f"{source}: op {_op_label(sg, op)} ({op.display_name}) does not fit its "
+                f"tensors ({type(e).__name__}: {e}); the file may be corrupt"
+            ) from e
+        unbound = [i for i in op.outputs if i >= 0 and not b.is_bound(i)]
+        if unbound:
+            # Only optional outputs may stay unbound (none of the translated ops has any).
+            logger.debug("%s left outputs %s unbound", op.opcode, unbound)
+    b.op = None
+    if problems:
+        raise UnsupportedOpError(_message(source, sg, problems), ops=_op_list(sg, problems))
+
+    try:
+        b.finish_outputs()
+    except Unsupported as e:
+        raise ConversionError(f"{source}: a graph output cannot be expressed: {e}") from None
+    graph = ir.Graph(
+        b.inputs,
+        b.outputs,
+        nodes=b.nodes,
+        initializers=b.initializers,
+        opset_imports={"": opset},
+        name=sg.name or "main",
+    )
+    result = ir.Model(
+        graph,
+        ir_version=_IR_VERSIONS[opset],
+        producer_name="ferry",
+        producer_version=__version__,
+        doc_string=f"Converted from TFLite ({source})",
+    )
+    # Transposes whose NCHW consumer read the NCHW form directly, and the like, are dead now.
+    RemoveUnusedNodesPass()(result)
+    return result
+
+
+def _has_16bit_activations(sg: Subgraph) -> bool:
+    return any(t.quant is not None and t.type == 7 and t.data is None for t in sg.tensors)
+
+
+def _why_unsupported(op: Operator) -> str:
+    if op.opcode in CONTROL_FLOW:
+        return (
+            "control flow (it runs other subgraphs); ferry converts subgraph 0 without "
+            "control flow only"
+        )
+    if op.opcode == "CUSTOM":
+        if (op.custom_code or "").startswith("Flex"):
+            return (
+                "a TensorFlow op run by the Flex delegate (Select TF ops); re-export the model "
+                "with TFLite builtin ops only"
+            )
+        return "a custom op; ferry has no translation for it"
+    if op.opcode.startswith("BUILTIN_"):
+        return "a builtin op newer than the TFLite schema ferry reads"
+    return "no ONNX translation for this op yet"
+
+
+def _op_list(sg: Subgraph, problems: list[tuple[Operator, str]]) -> list[tuple[str, str]]:
+    return [(op.display_name, _op_label(sg, op)) for op, _ in problems]
+
+
+def _op_label(sg: Subgraph, op: Operator) -> str:
+    outputs = [sg.tensors[i].name for i in op.outputs if i >= 0]
+    return f"#{op.index} -> {outputs[0]}" if outputs else f"#{op.index}"
+
+
+def _message(source: str, sg: Subgraph, problems: list[tuple[Operator, str]]) -> str:
+    counts = Counter(op.display_name for op, _ in problems)
+    parts = []
+    for name, count in counts.most_common():
+        entries = [(op, why) for op, why in problems if op.display_name == name]
+        labels = ", ".join(_op_label(sg, op) for op, _ in entries[:3])
+        more = f", +{count - 3} more" if count > 3 else ""
+        reasons = sorted({why for _, why in entries})
+        parts.append(f"{name} x{count} ({labels}{more}): {'; '.join(reasons)}")
+    total = sum(counts.values())
+    return (
+        f"{source}: {total} TFLite op{'s' if total != 1 else ''} cannot be converted to ONNX: "
+        + " | ".join(parts)
+    )
