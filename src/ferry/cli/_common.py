@@ -15,7 +15,8 @@ from ferry.errors import InvalidInputError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-console = Console(highlight=False)
+# soft_wrap: long paths stay on one line (copyable), only tables are fitted to the width.
+console = Console(highlight=False, soft_wrap=True)
 
 
 def model_argument(f: F) -> F:

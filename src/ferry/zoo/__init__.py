@@ -18,9 +18,22 @@ or the digits data is loaded. Building needs the ``zoo`` extra (torch and scikit
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
 from ferry.zoo._build import DEFAULT_OPSET, build, example_inputs, names, save
 from ferry.zoo._data import RunFn, digits_accuracy, digits_data
 from ferry.zoo._specs import ModelSpec, get_spec
+
+
+def torch_module(name: str) -> torch.nn.Module:
+    """The zoo model as a fresh eval-mode ``torch.nn.Module`` (trained where the zoo trains it)."""
+    from ferry.zoo._models import torch_module as _torch_module
+
+    return _torch_module(name)
+
 
 __all__ = [
     "DEFAULT_OPSET",
@@ -33,4 +46,5 @@ __all__ = [
     "get_spec",
     "names",
     "save",
+    "torch_module",
 ]
