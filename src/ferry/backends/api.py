@@ -17,6 +17,7 @@ import numpy as np
 if TYPE_CHECKING:
     import onnx_ir as ir
 
+    from ferry.backends.rules import OpRule
     from ferry.runtime.plan import Partition
 
 __all__ = ["Backend", "CompileSpec", "CompiledPartition"]
@@ -57,10 +58,30 @@ class CompiledPartition(Protocol):
 
 @runtime_checkable
 class Backend(Protocol):
-    """An engine adapter. Instances are cheap; heavy SDK imports happen in ``compile``/``load``."""
+    """An engine adapter. Instances are cheap; heavy SDK imports happen in ``compile``/``load``.
+
+    Options a backend understands arrive in ``CompileSpec.options``: ``threads`` for all of them,
+    ``precision`` (one of ``precisions``) for those that offer more than fp32.
+    """
 
     name: str
     device: str
+    #: Precisions it can run in, the first being its default (``("fp32", "fp16")``).
+    precisions: tuple[str, ...]
+    #: What to pip install when ``available()`` is False.
+    install_hint: str
+
+    def rules(self) -> Sequence[OpRule]:
+        """The ops it runs, declaratively; the partitioner proposes nodes from these."""
+        ...
+
+    def validate(self, model: ir.Model, nodes: Sequence[str]) -> dict[str, str]:
+        """Ask the engine itself which of ``nodes`` (names in ``model``) it rejects, with reasons.
+
+        Engines that can tell (OpenVINO's ``query_model``, TensorRT's ONNX parser) veto what their
+        rules over-claimed; others return ``{}``.
+        """
+        ...
 
     @property
     def version(self) -> str:
