@@ -37,6 +37,7 @@ __all__ = [
     "infer_value_types",
     "load_model",
     "model_source_path",
+    "named_copy",
     "resolve_model_file",
     "save_model",
     "summarize",
@@ -117,6 +118,17 @@ def load_model(source: str | os.PathLike[str] | ir.Model | onnx.ModelProto) -> i
     _check_external_data(model, path)
     model.meta["ferry.source_path"] = str(path.resolve())
     return model
+
+
+def named_copy(model: ir.Model) -> ir.Model:
+    """A copy of ``model`` (weights shared, not copied) whose every node and value has a unique
+    name, which plans refer to. The same naming ``ferry.load`` applies, so plans made on the copy
+    fit sessions of the original."""
+    from onnx_ir.passes.common import NameFixPass
+
+    copy = model.clone()
+    NameFixPass()(copy)
+    return copy
 
 
 def model_source_path(model: ir.Model) -> Path | None:

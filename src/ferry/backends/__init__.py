@@ -25,6 +25,7 @@ ENTRY_POINT_GROUP = "ferry.backends"
 
 _BUILTIN = {
     "onnxruntime": "ferry.backends.onnxruntime:OnnxRuntimeBackend",
+    "tensorrt": "ferry.backends.tensorrt:TensorRTBackend",
 }
 _instances: dict[str, Backend] = {}
 _lock = threading.Lock()

@@ -1,10 +1,21 @@
-"""ONNX Runtime: the default backend, and the fallback for everything other engines do not take."""
+"""ONNX Runtime: the default backend, and the fallback for everything other engines do not take.
+
+Its rule table is measured, not written: ``_onnxruntime_ops`` records, per op and opset range, the
+element types ONNX Runtime's CPU kernels take (from its kernel registry) and the function ops it
+inlines (loaded for real), capped at the highest opset it loads; ``_onnxruntime_opsgen`` explains
+how and regenerates it. ``com.microsoft`` ops with a CPU kernel are accepted permissively.
+
+It runs on the CPU unless told otherwise: with onnxruntime-gpu installed, the ``device`` option
+(``"cpu"``, ``"cuda"``) or the ``providers`` option (ONNX Runtime's execution provider names, with
+optional provider options, e.g. ``[("CUDAExecutionProvider", {"device_id": 1})]``) picks where.
+"""
 
 from __future__ import annotations
 
+import functools
 import logging
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +23,20 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from ferry.backends import _onnxruntime_ops
+from ferry.backends._rule_utils import all_checks, subgraphs_supported
 from ferry.backends.api import CompileSpec
-from ferry.errors import ExecutionError, ModelLoadError, UnsupportedOpError
+from ferry.backends.rules import OpRule, RuleTable
+from ferry.errors import (
+    BackendUnavailableError,
+    ExecutionError,
+    InvalidInputError,
+    ModelLoadError,
+    UnsupportedOpError,
+)
+from ferry.graph import dtype_name
 
-__all__ = ["OnnxRuntimeBackend", "OnnxRuntimePartition"]
+__all__ = ["OnnxRuntimeBackend", "OnnxRuntimePartition", "select_providers"]
 
 logger = logging.getLogger(__name__)
 
@@ -29,12 +50,30 @@ _ORT_DOMAINS = {
 # In-memory models above this size go to ONNX Runtime through a temporary file: protobuf's 2 GiB cap.
 _INLINE_LIMIT = 1 << 30
 
+_CPU = "CPUExecutionProvider"
+#: ferry's device names -> the execution providers that run them, best first.
+DEVICE_PROVIDERS: dict[str, tuple[str, ...]] = {
+    "cpu": (_CPU,),
+    "cuda": ("CUDAExecutionProvider", _CPU),
+}
+#: Short provider names accepted in the ``providers`` option.
+_PROVIDER_ALIASES = {
+    "cpu": _CPU,
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+}
+_GPU_HINT = (
+    "install onnxruntime-gpu in place of onnxruntime (pip uninstall onnxruntime && "
+    "pip install onnxruntime-gpu) on a machine with an NVIDIA GPU"
+)
+
 
 class OnnxRuntimeBackend:
-    """ONNX Runtime on the CPU."""
+    """ONNX Runtime, on the CPU by default (see the module docstring for GPUs)."""
 
     name = "onnxruntime"
     device = "cpu"
+    precisions: tuple[str, ...] = ("fp32",)
     install_hint = "pip install onnxruntime"
 
     @property
@@ -50,12 +89,167 @@ class OnnxRuntimeBackend:
             return False
         return True
 
+    def rules(self) -> Sequence[OpRule]:
+        return rules()
+
+    def validate(self, model: ir.Model, nodes: Sequence[str]) -> dict[str, str]:
+        # The rules are measured on this ONNX Runtime; there is nothing more to ask it.
+        return {}
+
     def compile(self, spec: CompileSpec) -> OnnxRuntimePartition:
         return OnnxRuntimePartition(spec)
 
     def load(self, blob: bytes, spec: CompileSpec) -> OnnxRuntimePartition:
         # ORT compiles in-process from the model itself; there is nothing extra to cache.
         return OnnxRuntimePartition(spec)
+
+
+@functools.cache
+def rules() -> tuple[OpRule, ...]:
+    """ONNX Runtime's CPU op rules, from the measured data in ``_onnxruntime_ops``."""
+    import onnxruntime
+
+    if onnxruntime.__version__ != _onnxruntime_ops.ORT_VERSION:
+        logger.info(
+            "onnxruntime %s is installed; its op table was measured on %s (regenerate it with "
+            "python -m ferry.backends._onnxruntime_opsgen)",
+            onnxruntime.__version__,
+            _onnxruntime_ops.ORT_VERSION,
+        )
+    found = [
+        OpRule(
+            op_type=op,
+            domain=domain,
+            since=since,
+            until=until,
+            dtypes=_dtypes(inputs),
+            check=_checks(op, _dtypes(outputs)),
+        )
+        for domain, op, since, until, inputs, outputs in _onnxruntime_ops.OPS
+    ]
+    found += [OpRule(op_type=op, domain=domain) for domain, op in _onnxruntime_ops.CONTRIB_OPS]
+    return tuple(found)
+
+
+@functools.cache
+def _table() -> RuleTable:
+    return RuleTable(rules())
+
+
+_CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
+# ONNX Runtime's CPU RNN kernels refuse layout=1 (batch-major) when the session is created.
+_RNNS = frozenset({"GRU", "LSTM", "RNN"})
+
+
+def _bodies_supported(node: ir.Node) -> bool | str:
+    return subgraphs_supported(node, _table())
+
+
+def _rnn_layout(node: ir.Node) -> bool | str:
+    layout = node.attributes.get("layout")
+    if layout is not None and not layout.is_ref() and layout.value != 0:
+        return "layout=1 (batch-major) is not supported by ONNX Runtime's CPU kernels"
+    return True
+
+
+def _checks(op: str, outputs: Any) -> Callable[[ir.Node], bool | str] | None:
+    """The checks beyond input types: output types, subgraph bodies, RNN layout."""
+    checks: list[Callable[[ir.Node], bool | str]] = []
+    if outputs:
+        checks.append(functools.partial(_output_types, outputs))
+    if op in _CONTROL_FLOW:
+        checks.append(_bodies_supported)
+    if op in _RNNS:
+        checks.append(_rnn_layout)
+    if not checks:
+        return None
+    return checks[0] if len(checks) == 1 else all_checks(*checks)
+
+
+def _output_types(allowed: Mapping[int, frozenset[str]], node: ir.Node) -> bool | str:
+    """Refuse a node whose output type (when known) no kernel produces: Cast to float4..."""
+    for index, names in allowed.items():
+        if index < len(node.outputs):
+            dtype = node.outputs[index].dtype
+            if dtype is not None and dtype_name(dtype) not in names:
+                return f"output {index} has dtype {dtype_name(dtype)}; supported: {', '.join(sorted(names))}"
+    return True
+
+
+def _dtypes(data: Any) -> frozenset[str] | dict[int, frozenset[str]] | None:
+    """The data module's compact form -> OpRule.dtypes."""
+    if data is None:
+        return None
+    if data and isinstance(data[0], str):
+        return frozenset(data)
+    return {int(index): frozenset(names) for index, names in data}
+
+
+def select_providers(
+    options: Mapping[str, Any], available: Sequence[str]
+) -> list[str | tuple[str, dict[str, Any]]]:
+    """ONNX Runtime execution providers for ferry's options, the CPU always last as the fallback.
+
+    Args:
+        options: the partition's options; ``providers`` (names or ``(name, provider_options)``
+            pairs; ``cpu``/``cuda``/``tensorrt`` are short for ONNX Runtime's names) or ``device``
+            (``"cpu"``, the default, or ``"cuda"``), not both.
+        available: what ``onnxruntime.get_available_providers()`` says.
+
+    Raises:
+        InvalidInputError: both options given, an unknown device, or a malformed provider entry.
+        BackendUnavailableError: a provider this onnxruntime build does not have.
+    """
+    providers = options.get("providers")
+    device = options.get("device")
+    if providers is not None and device is not None:
+        raise InvalidInputError(
+            "onnxruntime: give either the 'providers' or the 'device' option, not both"
+        )
+    chosen: list[str | tuple[str, dict[str, Any]]] = []
+    if providers is not None:
+        if isinstance(providers, str) or _is_pair(providers):
+            providers = [providers]
+        for entry in providers:
+            chosen.append(_provider_entry(entry))
+    else:
+        name = str(device or "cpu").lower()
+        if name not in DEVICE_PROVIDERS:
+            raise InvalidInputError(
+                f"onnxruntime: unknown device {device!r}; choose one of "
+                f"{', '.join(sorted(DEVICE_PROVIDERS))}"
+            )
+        chosen.extend(DEVICE_PROVIDERS[name])
+    names = [p if isinstance(p, str) else p[0] for p in chosen]
+    missing = [n for n in names if n not in available]
+    if missing:
+        raise BackendUnavailableError(
+            f"onnxruntime: execution provider {', '.join(missing)} is not available in this "
+            f"onnxruntime build (it has {', '.join(available)}); {_GPU_HINT}"
+        )
+    if _CPU not in names:
+        chosen.append(_CPU)  # nodes the other providers do not take fall back to the CPU
+    return chosen
+
+
+def _is_pair(entry: Any) -> bool:
+    """``(name, provider_options)``, as given or as JSON gives it back (a list)."""
+    return (
+        isinstance(entry, (tuple, list))
+        and len(entry) == 2
+        and isinstance(entry[0], str)
+        and isinstance(entry[1], Mapping)
+    )
+
+
+def _provider_entry(entry: Any) -> str | tuple[str, dict[str, Any]]:
+    if isinstance(entry, str):
+        return _PROVIDER_ALIASES.get(entry.lower(), entry)
+    if _is_pair(entry):
+        return (_PROVIDER_ALIASES.get(entry[0].lower(), entry[0]), dict(entry[1]))
+    raise InvalidInputError(
+        f"onnxruntime: a provider is a name or a (name, options) pair, got {entry!r}"
+    )
 
 
 def session_options(options: dict[str, Any] | Any) -> Any:
@@ -79,8 +273,14 @@ class OnnxRuntimePartition:
         import onnxruntime as ort
 
         self.spec = spec
+        precision = spec.options.get("precision")
+        if precision not in (None, "fp32"):
+            raise InvalidInputError(
+                f"onnxruntime: precision {precision!r} is not supported; it runs the model's own "
+                "types (fp32). Convert the model to change them"
+            )
         so = session_options(spec.options)
-        providers = ["CPUExecutionProvider"]
+        providers = select_providers(spec.options, ort.get_available_providers())
         try:
             if spec.source_path is not None:
                 self.session = ort.InferenceSession(str(spec.source_path), so, providers=providers)
@@ -89,6 +289,8 @@ class OnnxRuntimePartition:
         except Exception as e:  # ORT raises its own exception types from C++; translate them all
             raise _load_error(spec.model, e) from e
         self.output_names = [o.name for o in self.session.get_outputs()]
+        #: The execution providers the session actually uses, best first.
+        self.providers: list[str] = list(self.session.get_providers())
         # Calling the C++ session directly skips the Python wrapper's per-call re-validation of
         # feeds, which ferry has already done (see benchmarks/overhead.py).
         self._run = getattr(self.session, "_sess", self.session).run
@@ -107,7 +309,7 @@ class OnnxRuntimePartition:
         return b""
 
 
-def _session_from_model(model: ir.Model, so: Any, providers: list[str]) -> Any:
+def _session_from_model(model: ir.Model, so: Any, providers: Sequence[Any]) -> Any:
     import onnxruntime as ort
 
     size = sum(

@@ -73,9 +73,9 @@ def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
 
 
 def _register() -> None:
-    from ferry.cli import bench, convert, info, run
+    from ferry.cli import bench, convert, info, plan, run
 
-    for module in (info, run, convert, bench):
+    for module in (info, run, convert, plan, bench):
         cli.add_command(module.command)
 
 

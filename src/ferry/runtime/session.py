@@ -1,4 +1,12 @@
-"""The Session: runs a model's Plan, one compiled partition per backend, behind one ``run`` call."""
+"""The Session: runs a model's Plan, one compiled partition per backend, behind one ``run`` call.
+
+A plan that puts the whole graph on one backend runs the model itself (the fast path: one engine
+call per ``run``). A split plan is checked against the model, each partition is lowered to a
+standalone model (``runtime.lower``) and compiled on its backend, through the engine cache when the
+backend has something to store (``runtime.cache``). ``run`` then executes only the partitions the
+requested outputs need, hands each exactly the values it reads, asks it only for the values that
+are read later or were requested, and drops every value after its last reader.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +14,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import onnx
@@ -15,8 +23,10 @@ from onnx_ir.passes.common import NameFixPass
 
 from ferry.backends import get_backend
 from ferry.backends.api import CompiledPartition, CompileSpec
-from ferry.errors import FerryError, InvalidInputError
+from ferry.errors import InvalidInputError
 from ferry.graph import graph_inputs, infer_value_types, load_model, model_source_path
+from ferry.runtime.cache import EngineCache, compile_partition, resolve_cache
+from ferry.runtime.lower import lower_plan
 from ferry.runtime.plan import Partition, Plan
 from ferry.runtime.specs import InputChecker, TensorSpec, spec_of
 
@@ -33,6 +43,7 @@ def load(
     backends: str | Sequence[str] | None = None,
     threads: int | None = None,
     plan: Plan | None = None,
+    cache_dir: str | os.PathLike[str] | Literal[False] | None = None,
 ) -> Session:
     """Load a model and make it ready to run.
 
@@ -43,6 +54,9 @@ def load(
             None means ONNX Runtime on the CPU.
         threads: intra-op threads per engine; None lets each engine choose (all cores).
         plan: run this plan instead of placing the whole graph on the first backend.
+        cache_dir: where compiled engines are kept between runs: None for the default
+            (``$FERRY_CACHE_DIR``, else ``~/.cache/ferry``), a folder, or False for no cache.
+            Only backends that build a storable engine use it; ONNX Runtime does not.
 
     Returns:
         A Session; ``session.run({"input": array})`` gives ``{"output": array}``.
@@ -61,7 +75,7 @@ def load(
     NameFixPass()(work)
     if plan is None:
         plan = Plan.whole_graph(work, names[0])
-    return Session(work, plan, threads=threads, source_path=source_path)
+    return Session(work, plan, threads=threads, source_path=source_path, cache_dir=cache_dir)
 
 
 def backend_names(backends: str | Sequence[str] | None) -> list[str]:
@@ -86,6 +100,7 @@ class Session:
         *,
         threads: int | None = None,
         source_path: Path | None = None,
+        cache_dir: str | os.PathLike[str] | Literal[False] | None = None,
     ) -> None:
         self.model = model
         self.plan = plan
@@ -109,31 +124,64 @@ class Session:
         self._output_names = [s.name for s in self.outputs]
         self._output_set = frozenset(self._output_names)
         options: dict[str, Any] = {"threads": threads} if threads else {}
-        self._compiled: list[CompiledPartition] = [
-            self._compile(p, source_path, options) for p in plan.partitions
-        ]
-        self._single = self._compiled[0] if len(self._compiled) == 1 else None
-        self._last_use = _last_uses(plan)
+        self._cache: EngineCache | None = resolve_cache(cache_dir)
+        #: How each partition's engine was obtained: "loaded" (engine cache), "compiled" (and
+        #: stored), "uncached" (the backend stores nothing, or no cache), "skipped" (a partition
+        #: with no outputs: dead code, never compiled).
+        self.engine_origins: list[str] = []
+        self._single: CompiledPartition | None = None
+        if len(plan.partitions) == 1 and self._is_whole(plan.partitions[0]):
+            # The fast path: the model itself (and its file, when given one) on one backend.
+            self._compiled = [self._compile(plan.partitions[0], model, source_path, options)]
+            self._single = self._compiled[0]
+            self._steps: list[_Partition] = []
+        else:
+            lowered = lower_plan(model, plan, value_types=inferred)
+            self._compiled = []
+            self._steps = []
+            for partition, sub in zip(plan.partitions, lowered):
+                if not partition.outputs:
+                    # Dead code (nothing it computes is read or returned): it would never run,
+                    # and engines refuse a model without outputs.
+                    logger.debug("skipping a partition without outputs on %s", partition.backend)
+                    self.engine_origins.append("skipped")
+                    continue
+                compiled = self._compile(partition, sub, None, options)
+                self._compiled.append(compiled)
+                self._steps.append(_partition_io(partition, sub, compiled))
+            # Graph outputs that no partition computes: graph inputs passed through, or weights.
+            self._constant_outputs = {
+                v.name or "": v.const_value.numpy()
+                for v in model.graph.outputs
+                if v.is_initializer() and v.const_value is not None
+            }
+            self._schedules: dict[tuple[str, ...], list[_Step]] = {}
+
+    def _is_whole(self, partition: Partition) -> bool:
+        return (
+            len(partition.nodes) == len(self.model.graph)
+            and set(partition.nodes) == {n.name for n in self.model.graph}
+            and set(partition.outputs) == self._output_set
+        )
 
     def _compile(
-        self, partition: Partition, source_path: Path | None, options: dict[str, Any]
+        self,
+        partition: Partition,
+        model: ir.Model,
+        source_path: Path | None,
+        options: dict[str, Any],
     ) -> CompiledPartition:
         backend = get_backend(partition.backend)
-        graph = self.model.graph
-        whole = len(partition.nodes) == len(graph) and set(partition.outputs) == self._output_set
-        if not whole:
-            raise FerryError(
-                "this plan splits the graph into partitions, which needs ferry's partitioner to "
-                "lower them; run the whole model on one backend instead"
-            )
         spec = CompileSpec(
             partition=partition,
-            model=self.model,
+            model=model,
             source_path=source_path,
             options={**options, **partition.options},
         )
         logger.debug("compiling %d nodes on %s", len(partition.nodes), backend.name)
-        return backend.compile(spec)
+        compiled, origin = compile_partition(backend, spec, self._cache)
+        self.engine_origins.append(origin)
+        return compiled
 
     @property
     def input_names(self) -> list[str]:
@@ -178,16 +226,56 @@ class Session:
         return list(outputs)
 
     def _run_plan(self, feeds: dict[str, np.ndarray], wanted: list[str]) -> dict[str, np.ndarray]:
-        values: dict[str, np.ndarray] = dict(feeds)
-        keep = set(wanted)
-        for index, (partition, compiled) in enumerate(zip(self.plan.partitions, self._compiled)):
-            part_inputs = {name: values[name] for name in partition.inputs}
-            values.update(compiled.run(part_inputs, list(partition.outputs)))
+        key = tuple(wanted)
+        steps = self._schedules.get(key)
+        if steps is None:
+            steps = self._schedule(wanted)
+            if len(self._schedules) < _MAX_SCHEDULES:
+                self._schedules[key] = steps
+        values: dict[str, np.ndarray] = (
+            {**self._constant_outputs, **feeds} if self._constant_outputs else dict(feeds)
+        )
+        for step in steps:
+            inputs = {name: values[name] for name in step.feeds}
+            for name in step.optional:
+                if name in values:
+                    inputs[name] = values[name]
+            values.update(step.compiled.run(inputs, step.outputs))
+            del inputs
             # Drop what no later partition reads, so peak memory stays near one partition's.
-            for name in self._last_use[index]:
-                if name not in keep:
-                    values.pop(name, None)
+            for name in step.drop:
+                values.pop(name, None)
         return {name: values[name] for name in wanted}
+
+    def _schedule(self, wanted: Sequence[str]) -> list[_Step]:
+        """The steps that compute ``wanted``: partitions nobody needs are left out.
+
+        Walks the partitions backwards from the wanted outputs: a partition runs when a later
+        step or the caller needs one of its outputs, and is asked only for those.
+        """
+        needed = set(wanted)
+        chosen: list[tuple[_Partition, list[str]]] = []
+        for part in reversed(self._steps):
+            outputs = [name for name in part.outputs if name in needed]
+            if not outputs:
+                continue
+            chosen.append((part, outputs))
+            needed.update(part.feeds)
+            needed.update(part.optional)
+        chosen.reverse()
+        last_read: dict[str, int] = {}
+        for index, (part, _) in enumerate(chosen):
+            for name in (*part.feeds, *part.optional):
+                last_read[name] = index
+        keep = set(wanted)
+        drops: list[list[str]] = [[] for _ in chosen]
+        for name, index in last_read.items():
+            if name not in keep:
+                drops[index].append(name)
+        return [
+            _Step(part.compiled, part.feeds, part.optional, outputs, tuple(drop))
+            for (part, outputs), drop in zip(chosen, drops)
+        ]
 
     def __repr__(self) -> str:
         ins = ", ".join(f"{s.name}: {s.describe()}" for s in self.inputs)
@@ -195,13 +283,32 @@ class Session:
         return f"Session(backends={self.plan.backends}, inputs=[{ins}], outputs=[{outs}])"
 
 
-def _last_uses(plan: Plan) -> list[list[str]]:
-    """For each partition, the values read for the last time there."""
-    last: dict[str, int] = {}
-    for index, partition in enumerate(plan.partitions):
-        for name in partition.inputs:
-            last[name] = index
-    per_partition: list[list[str]] = [[] for _ in plan.partitions]
-    for name, index in last.items():
-        per_partition[index].append(name)
-    return per_partition
+# Schedules are memoized per set of requested outputs; a caller cycling through many subsets of
+# a many-output model should not grow the session without bound.
+_MAX_SCHEDULES = 64
+
+
+class _Partition(NamedTuple):
+    """A compiled partition and the values it exchanges with the others."""
+
+    compiled: CompiledPartition
+    feeds: tuple[str, ...]  # inputs it must be given
+    optional: tuple[str, ...]  # weights the caller may override: passed on when given
+    outputs: tuple[str, ...]
+
+
+class _Step(NamedTuple):
+    """One partition's turn in a run: what to give it, what to ask of it, what to drop after."""
+
+    compiled: CompiledPartition
+    feeds: tuple[str, ...]
+    optional: tuple[str, ...]
+    outputs: list[str]
+    drop: tuple[str, ...]
+
+
+def _partition_io(partition: Partition, model: ir.Model, compiled: CompiledPartition) -> _Partition:
+    graph = model.graph
+    feeds = tuple(v.name or "" for v in graph.inputs if not v.is_initializer())
+    optional = tuple(v.name or "" for v in graph.inputs if v.is_initializer())
+    return _Partition(compiled, feeds, optional, tuple(partition.outputs))

@@ -1,0 +1,969 @@
+"""The partitioner: which backend runs which nodes of a model.
+
+``partition(model, backends)`` gives a :class:`~ferry.runtime.plan.Plan`; ``explain`` gives the same
+plan with a verdict per node (which backend took it, and why each backend tried before it did not)
+and the tensors that cross partition boundaries. The partitioner only decides: lowering a partition
+to a standalone model and compiling it are separate steps.
+
+Algorithm (ONNX Runtime's ``GetCapability`` and TF-TRT's segmenter):
+
+1. Work on a clone: name every node and value (``NameFixPass``), infer shapes so that rules see
+   dtypes and ranks, and order the top-level nodes topologically. A node with subgraphs
+   (If/Loop/Scan) is one unit; the outer values its bodies read count as its inputs.
+2. Shape-computation chains (nodes that depend on run-time data but whose results only end in
+   inputs that carry shapes, axes or sizes, e.g. ``Shape -> Gather -> Concat -> Reshape``'s second
+   input) stay on the fallback: engines want those values as constants, not as computations.
+3. Backend by backend, in priority order, a node is a candidate when the backend's ``RuleTable``
+   accepts it, it is not in ``force_cpu`` and not in a shape chain; the engine's ``validate`` may
+   then veto candidates.
+4. Candidates are grouped in *waves* (ONNX Runtime's ``CreateSupportedPartitions``): walk the graph
+   in Kahn's order, taking every ready non-candidate first, then every ready candidate into the
+   current group until none is ready, then close the group. Each group is a contiguous stretch of
+   one topological order of the graph, so it is convex (no path between two of its nodes leaves it)
+   and the groups never form a cycle. Groups already given to a higher-priority backend take part
+   as single units, which keeps that true across backends.
+5. Groups with fewer than ``min_partition_size`` nodes that compute something (Identity, Reshape,
+   Shape, Squeeze, Unsqueeze, Flatten, Dropout and Constant do not count) are dropped, unless the
+   group is the whole model; their nodes go on to the next backend.
+6. Whatever is left goes to the fallback in maximal groups, formed the same way; the order that
+   last pass produces is the order of the plan.
+7. ``Constant`` nodes are data, not work: each joins the partition of its first reader, and like
+   initializers their values are never partition inputs or outputs (lowering copies a Constant
+   into every partition that reads it), so that inputs rules want constant (Reshape's shape)
+   stay constant in every partition. A partition of dead code (nothing it computes is read
+   later) hands on its dangling values, since engines refuse models without outputs.
+
+Before -> After::
+
+    Conv -> Relu -> Softmax -> Add     (accel takes Conv, Relu, Add; not Softmax)
+    [accel: Conv, Relu] -> [onnxruntime: Softmax] -> [accel: Add]    (min_partition_size=1)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import logging
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import onnx
+import onnx_ir as ir
+from onnx_ir.passes.common import NameFixPass
+
+from ferry.backends.rules import OpRule, RuleTable
+from ferry.errors import FerryError, InvalidInputError
+from ferry.graph import Dim, dtype_name, load_model
+from ferry.runtime.plan import Partition, Plan
+
+if TYPE_CHECKING:
+    import os
+
+__all__ = [
+    "DEFAULT_MIN_PARTITION_SIZE",
+    "SHAPE_INPUTS",
+    "UNCOUNTED_OPS",
+    "BoundaryTensor",
+    "NodeVerdict",
+    "PartitionBackend",
+    "PartitionReport",
+    "explain",
+    "partition",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Groups with fewer counted nodes than this are left to the next backend. TF-TRT's default
+#: (``minimum_segment_size=3``): every partition boundary costs two host copies and an engine
+#: call, which one or two ops rarely win back. ONNX Runtime's TensorRT provider defaults to 1.
+DEFAULT_MIN_PARTITION_SIZE = 3
+
+#: Ops that relabel or pass data on without computing; they do not count toward a group's size.
+UNCOUNTED_OPS = frozenset(
+    {
+        "Identity",
+        "Reshape",
+        "Shape",
+        "Size",
+        "Squeeze",
+        "Unsqueeze",
+        "Flatten",
+        "Dropout",
+        "Constant",
+    }
+)
+
+_REDUCE_OPS = (
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "ReduceMax",
+    "ReduceMean",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceSum",
+    "ReduceSumSquare",
+)
+
+#: Inputs that carry shapes, sizes, axes, pads or counts rather than tensor data, by op type
+#: (default domain). A run-time computation whose results only end in these is a shape chain.
+SHAPE_INPUTS: Mapping[str, frozenset[int]] = {
+    "Reshape": frozenset({1}),
+    "Expand": frozenset({1}),
+    "Tile": frozenset({1}),
+    "Resize": frozenset({1, 2, 3}),
+    "Upsample": frozenset({1}),
+    "ConstantOfShape": frozenset({0}),
+    "Slice": frozenset({1, 2, 3, 4}),
+    "Pad": frozenset({1, 3}),
+    "Squeeze": frozenset({1}),
+    "Unsqueeze": frozenset({1}),
+    "Split": frozenset({1}),
+    "TopK": frozenset({1}),
+    "OneHot": frozenset({1}),
+    "CumSum": frozenset({1}),
+    "Range": frozenset({0, 1, 2}),
+    "Trilu": frozenset({1}),
+    "NonMaxSuppression": frozenset({2, 3, 4}),
+    **{op: frozenset({1}) for op in _REDUCE_OPS},
+}
+
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+
+#: Weights larger than this are left out of the proto given to shape inference (their type stays).
+_INFERENCE_WEIGHT_LIMIT = 1024
+
+
+@runtime_checkable
+class PartitionBackend(Protocol):
+    """What the partitioner needs of a backend: its name and its rules.
+
+    Every :class:`~ferry.backends.api.Backend` is one. A ``validate(model, nodes) -> {name: reason}``
+    method, when present, lets the engine veto nodes its rules over-claimed.
+    """
+
+    name: str
+
+    def rules(self) -> Sequence[OpRule]:
+        """The ops it runs."""
+        ...
+
+
+BackendLike = PartitionBackend | str
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeVerdict:
+    """Where one node went and why.
+
+    Attributes:
+        node: the node's name.
+        op_type: its op (``"Softmax"``, or ``"domain::Op"`` outside the default domain).
+        backend: the backend that runs it.
+        partition: index of its partition in the plan.
+        reasons: for each backend tried before ``backend`` (higher priority), why it did not take
+            the node.
+        note: why the node went where it did when no rule decided (Constant nodes).
+    """
+
+    node: str
+    op_type: str
+    backend: str
+    partition: int
+    reasons: Mapping[str, str]
+    note: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundaryTensor:
+    """A value one partition produces and others read: it is copied between engines.
+
+    Attributes:
+        name: the value's name.
+        producer: index of the partition that computes it.
+        consumers: indices of the partitions that read it.
+        dtype: its element type (numpy's name), when known.
+        shape: its shape (symbolic dims as names, unknown ones as None), when known.
+        nbytes: its size in bytes, when the shape is static; None when it depends on the input.
+    """
+
+    name: str
+    producer: int
+    consumers: tuple[int, ...]
+    dtype: str | None
+    shape: tuple[Dim, ...] | None
+    nbytes: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionReport:
+    """A plan together with the reasons behind it (``ferry plan --explain``).
+
+    Attributes:
+        plan: the plan ``partition`` returns for the same arguments.
+        nodes: one verdict per node, in topological order.
+        boundaries: the values that cross partitions, in plan order.
+    """
+
+    plan: Plan
+    nodes: tuple[NodeVerdict, ...]
+    boundaries: tuple[BoundaryTensor, ...]
+
+    def node(self, name: str) -> NodeVerdict:
+        """The verdict for the node called ``name``.
+
+        Raises:
+            KeyError: no node has that name.
+        """
+        for verdict in self.nodes:
+            if verdict.node == name:
+                return verdict
+        raise KeyError(f"no node named {name!r} in the partitioned model")
+
+    @property
+    def boundary_bytes(self) -> int | None:
+        """Bytes copied between partitions per run; None when some boundary shape is dynamic."""
+        sizes = [b.nbytes for b in self.boundaries]
+        if any(size is None for size in sizes):
+            return None
+        return sum(size for size in sizes if size is not None)
+
+    def format(self) -> str:
+        """The report as text: partitions, boundary tensors, then every node's verdict."""
+        plan = self.plan
+        lines: list[str] = []
+        counts: dict[str, int] = {}
+        for p in plan.partitions:
+            counts[p.backend] = counts.get(p.backend, 0) + len(p.nodes)
+        summary = ", ".join(f"{name}: {n} node(s)" for name, n in counts.items())
+        lines.append(f"{len(plan.partitions)} partition(s); {summary or 'no nodes'}")
+        for index, p in enumerate(plan.partitions):
+            lines.append(
+                f"  #{index} {p.backend}: {len(p.nodes)} node(s); "
+                f"in: {', '.join(p.inputs) or '-'}; out: {', '.join(p.outputs) or '-'}"
+            )
+        total = self.boundary_bytes
+        size = f"{_human_bytes(total)} per run" if total is not None else "size depends on inputs"
+        lines.append(f"{len(self.boundaries)} boundary tensor(s), {size}")
+        for b in self.boundaries:
+            dtype = b.dtype or "?"
+            shape = "?" if b.shape is None else "[" + ",".join(_dim(d) for d in b.shape) + "]"
+            nbytes = _human_bytes(b.nbytes) if b.nbytes is not None else "dynamic size"
+            to = ", ".join(f"#{c}" for c in b.consumers)
+            lines.append(f"  {b.name}: {dtype}{shape}, {nbytes}, #{b.producer} -> {to}")
+        lines.append("nodes:")
+        for v in self.nodes:
+            line = f"  {v.node} ({v.op_type}) -> {v.backend} #{v.partition}"
+            details = [f"{name}: {why}" for name, why in v.reasons.items()]
+            if v.note:
+                details.append(v.note)
+            if details:
+                line += "; " + "; ".join(details)
+            lines.append(line)
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+def partition(
+    model: ir.Model | onnx.ModelProto | str | os.PathLike[str],
+    backends: Sequence[BackendLike] | str,
+    *,
+    min_partition_size: int = DEFAULT_MIN_PARTITION_SIZE,
+    force_cpu: Iterable[str] = (),
+    fallback: str = "onnxruntime",
+    validate: bool = True,
+) -> Plan:
+    """Split ``model`` across ``backends``; what none of them takes goes to ``fallback``.
+
+    Args:
+        model: the model (never modified). Node names in the plan are those of the model after
+            ``NameFixPass``, which is what ``ferry.load`` names an unnamed model's nodes too.
+        backends: backend objects or registry names, highest priority first. The fallback may be
+            among them; backends listed after it get nothing, since it takes every node.
+        min_partition_size: groups with fewer nodes that compute something are left to the next
+            backend (see :data:`UNCOUNTED_OPS`); a group that is the whole model is always kept.
+        force_cpu: op types (``"Softmax"``, ``"domain::Op"``) or node names to run on the fallback.
+        fallback: the backend that runs everything else (it needs no rules).
+        validate: ask each engine's ``validate`` to veto nodes its rules over-claimed.
+
+    Returns:
+        The plan: partitions in an order where each one's inputs are graph inputs or outputs of
+        earlier ones.
+
+    Raises:
+        BackendUnavailableError: a backend named by string is unknown or not installed.
+        InvalidInputError: ``min_partition_size`` is below 1.
+        FerryError: the graph has a cycle, or an engine failed while validating.
+    """
+    return _Partitioner(model, backends, min_partition_size, force_cpu, fallback, validate).run(
+        with_report=False
+    )[0]
+
+
+def explain(
+    model: ir.Model | onnx.ModelProto | str | os.PathLike[str],
+    backends: Sequence[BackendLike] | str,
+    *,
+    min_partition_size: int = DEFAULT_MIN_PARTITION_SIZE,
+    force_cpu: Iterable[str] = (),
+    fallback: str = "onnxruntime",
+    validate: bool = True,
+) -> PartitionReport:
+    """Like :func:`partition`, and say why: a verdict per node and the boundary tensors.
+
+    Arguments are those of :func:`partition`.
+    """
+    _, report = _Partitioner(
+        model, backends, min_partition_size, force_cpu, fallback, validate
+    ).run(with_report=True)
+    assert report is not None  # with_report=True always builds one
+    return report
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+class _Partitioner:
+    """One partitioning run; see the module docstring for the algorithm."""
+
+    def __init__(
+        self,
+        model: ir.Model | onnx.ModelProto | str | os.PathLike[str],
+        backends: Sequence[BackendLike] | str,
+        min_partition_size: int,
+        force_cpu: Iterable[str],
+        fallback: str,
+        validate: bool,
+    ) -> None:
+        if isinstance(min_partition_size, bool) or not isinstance(min_partition_size, int):
+            raise InvalidInputError(
+                f"min_partition_size must be an integer, got {min_partition_size!r}"
+            )
+        if min_partition_size < 1:
+            raise InvalidInputError(
+                f"min_partition_size must be at least 1, got {min_partition_size}"
+            )
+        self.min_size = min_partition_size
+        self.fallback = fallback
+        self.validate = validate
+        self.backends = _resolve(backends, fallback)
+        self.model = _prepare(model)
+        self.graph = _Dag(self.model)
+        self.forced = self._forced(force_cpu)
+        self.shape_chain = _shape_chain(self.graph)
+        n = len(self.graph.nodes)
+        #: reasons[i][backend]: why that backend did not take node i.
+        self.reasons: list[dict[str, str]] = [{} for _ in range(n)]
+        #: The backend each node went to (None while unassigned).
+        self.assigned: list[str | None] = [None] * n
+        # Units: single nodes, or groups fixed for a backend (contracted into one unit so that
+        # later passes cannot make them part of a cycle). Constant nodes are not units.
+        self.unit_of: list[int] = [-1] * n
+        self.units: list[list[int]] = []
+        for i in range(n):
+            if not self.graph.attached[i]:
+                self.unit_of[i] = len(self.units)
+                self.units.append([i])
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def run(self, *, with_report: bool) -> tuple[Plan, PartitionReport | None]:
+        for backend in self.backends:
+            self._pass(backend)
+        groups = self._fallback_pass()
+        plan, part_of = self._emit(groups)
+        logger.info(
+            "partitioned %d node(s) into %d partition(s): %s",
+            len(self.graph.nodes),
+            len(plan.partitions),
+            ", ".join(f"{p.backend}[{len(p.nodes)}]" for p in plan.partitions),
+        )
+        if not with_report:
+            return plan, None
+        return plan, self._report(plan, part_of)
+
+    def _forced(self, force_cpu: Iterable[str]) -> list[str | None]:
+        """For each node, the ``force_cpu`` entry that sends it to the fallback, if any."""
+        if isinstance(force_cpu, str):
+            force_cpu = [force_cpu]
+        wanted = {str(entry) for entry in force_cpu}
+        found: set[str] = set()
+        forced: list[str | None] = []
+        for node in self.graph.nodes:
+            hit = next(
+                (key for key in (node.name or "", node.op_type, _op_name(node)) if key in wanted),
+                None,
+            )
+            if hit is not None:
+                found.add(hit)
+            forced.append(hit)
+        for entry in sorted(wanted - found):
+            logger.warning("force_cpu entry %r matches no node name or op type in the model", entry)
+        return forced
+
+    def _pass(self, backend: PartitionBackend) -> None:
+        """Give ``backend`` the groups of unassigned nodes it takes."""
+        name = backend.name
+        rules = getattr(backend, "rules", None)
+        table = RuleTable(rules()) if callable(rules) else None
+        opsets = self.model.opset_imports
+        candidates: set[int] = set()
+        for i, node in enumerate(self.graph.nodes):
+            if self.assigned[i] is not None or self.graph.attached[i]:
+                continue
+            reason: str | bool
+            if self.forced[i] is not None:
+                reason = f"forced onto {self.fallback} by force_cpu entry {self.forced[i]!r}"
+            elif self.shape_chain[i]:
+                reason = (
+                    "computes a shape (its results only feed shape, axes or size inputs); "
+                    f"shape computations stay on {self.fallback}"
+                )
+            elif table is None:
+                reason = f"{name} declares no op rules"
+            else:
+                reason = table.supports(node, opsets)
+            if reason is True:
+                candidates.add(i)
+            else:
+                self.reasons[i][name] = str(reason)
+        if candidates and self.validate:
+            self._veto(backend, candidates)
+        if not candidates:
+            return
+        groups = [seg for supported, seg in self._waves(candidates) if supported]
+        everything = sum(1 for i in range(len(self.graph.nodes)) if not self.graph.attached[i])
+        for units in groups:
+            members = sorted(i for u in units for i in self.units[u])
+            size = sum(1 for i in members if not _uncounted(self.graph.nodes[i]))
+            if size < self.min_size and len(members) < everything:
+                why = (
+                    f"its group of {len(members)} node(s) on {name} has {size} that compute "
+                    f"(Identity/Reshape/Shape-like ops do not count), fewer than "
+                    f"min_partition_size={self.min_size}"
+                )
+                for i in members:
+                    self.reasons[i][name] = why
+                continue
+            self._fix(members, name)
+
+    def _veto(self, backend: PartitionBackend, candidates: set[int]) -> None:
+        check = getattr(backend, "validate", None)
+        if not callable(check):
+            return
+        names = [self.graph.nodes[i].name or "" for i in sorted(candidates)]
+        try:
+            vetoed = check(self.model, names)
+        except FerryError:
+            raise
+        except Exception as e:  # an engine's own exception types; name the backend
+            raise FerryError(
+                f"backend {backend.name!r} failed while validating {len(names)} candidate "
+                f"node(s): {e}; partition with validate=False to rely on its rules alone"
+            ) from e
+        for node_name, why in dict(vetoed or {}).items():
+            i = self.graph.by_name.get(node_name)
+            if i is None or i not in candidates:
+                logger.debug("%s vetoed %r, which was not a candidate", backend.name, node_name)
+                continue
+            candidates.discard(i)
+            self.reasons[i][backend.name] = f"vetoed by {backend.name}: {why}"
+
+    def _fix(self, members: list[int], backend: str) -> None:
+        """Make ``members`` (single-node units) one unit that runs on ``backend``."""
+        unit = len(self.units)
+        self.units.append(members)
+        for i in members:
+            self.unit_of[i] = unit
+            self.assigned[i] = backend
+
+    def _fallback_pass(self) -> list[tuple[str, list[int]]]:
+        """Put every unassigned node on the fallback; give every group in plan order."""
+        rest = {
+            i
+            for i in range(len(self.graph.nodes))
+            if self.assigned[i] is None and not self.graph.attached[i]
+        }
+        groups: list[tuple[str, list[int]]] = []
+        for supported, units in self._waves(rest):
+            if supported:
+                members = sorted(i for u in units for i in self.units[u])
+                for i in members:
+                    self.assigned[i] = self.fallback
+                groups.append((self.fallback, members))
+            else:
+                (unit,) = units
+                members = self.units[unit]
+                backend = self.assigned[members[0]]
+                assert backend is not None  # every unit is either fixed or in `rest`
+                groups.append((backend, list(members)))
+        return groups
+
+    def _waves(self, supported: set[int]) -> list[tuple[bool, list[int]]]:
+        """Kahn's walk over the unit graph in waves (ONNX Runtime's ``CreateSupportedPartitions``).
+
+        Every ready unit that is not supported goes first (which makes more supported units
+        ready); then every ready supported unit joins the current group until none is ready, and
+        the group closes. Returns the walk as segments ``(supported, units)``: a supported segment
+        is one group, an unsupported one a single unit. Ties go to the earlier node in the graph.
+        """
+        graph = self.graph
+        n_units = len(self.units)
+        alive = [False] * n_units
+        for i in range(len(graph.nodes)):
+            if not graph.attached[i]:
+                alive[self.unit_of[i]] = True
+        succ: list[set[int]] = [set() for _ in range(n_units)]
+        indeg = [0] * n_units
+        for i, preds in enumerate(graph.preds):
+            if graph.attached[i]:
+                continue
+            ui = self.unit_of[i]
+            for p in preds:
+                if graph.attached[p]:
+                    continue
+                up = self.unit_of[p]
+                if up != ui and ui not in succ[up]:
+                    succ[up].add(ui)
+                    indeg[ui] += 1
+        is_sup = [False] * n_units
+        for i in supported:
+            is_sup[self.unit_of[i]] = True
+        ready: tuple[list[tuple[int, int]], list[tuple[int, int]]] = ([], [])  # (unsup, sup)
+        for u in range(n_units):
+            if alive[u] and indeg[u] == 0:
+                heapq.heappush(ready[is_sup[u]], (self.units[u][0], u))
+        segments: list[tuple[bool, list[int]]] = []
+        done = 0
+
+        def release(u: int) -> None:
+            for v in succ[u]:
+                indeg[v] -= 1
+                if indeg[v] == 0:
+                    heapq.heappush(ready[is_sup[v]], (self.units[v][0], v))
+
+        while ready[0] or ready[1]:
+            while ready[0]:
+                _, u = heapq.heappop(ready[0])
+                segments.append((False, [u]))
+                release(u)
+                done += 1
+            group: list[int] = []
+            while ready[1]:
+                _, u = heapq.heappop(ready[1])
+                group.append(u)
+                release(u)
+                done += 1
+            if group:
+                segments.append((True, group))
+        if done != sum(alive):
+            # Cannot happen for a DAG whose groups came from earlier waves; a bug if it does.
+            raise FerryError("internal error: the partition graph has a cycle; please report it")
+        return segments
+
+    def _emit(self, groups: list[tuple[str, list[int]]]) -> tuple[Plan, list[int]]:
+        """Attach Constant nodes, then compute each partition's inputs and outputs."""
+        graph = self.graph
+        part_of = [-1] * len(graph.nodes)
+        members: list[list[int]] = []
+        backends: list[str] = []
+        for index, (backend, nodes) in enumerate(groups):
+            backends.append(backend)
+            members.append(list(nodes))
+            for i in nodes:
+                part_of[i] = index
+        orphans: list[int] = []
+        for i in range(len(graph.nodes)):
+            if not graph.attached[i]:
+                continue
+            readers = [part_of[r] for r in graph.succs[i] if part_of[r] >= 0]
+            if readers:
+                target = min(readers)
+            elif members:
+                target = 0
+            else:
+                orphans.append(i)
+                continue
+            part_of[i] = target
+            members[target].append(i)
+            self.assigned[i] = backends[target]
+        if orphans:  # a model of nothing but Constant nodes
+            backends.append(self.fallback)
+            members.append(orphans)
+            for i in orphans:
+                part_of[i] = len(members) - 1
+                self.assigned[i] = self.fallback
+        partitions = []
+        for index, nodes in enumerate(members):
+            nodes.sort()
+            partitions.append(
+                Partition(
+                    backend=backends[index],
+                    nodes=tuple(graph.nodes[i].name or "" for i in nodes),
+                    inputs=self._inputs_of(nodes, index, part_of),
+                    outputs=self._outputs_of(nodes, index, part_of),
+                )
+            )
+        g = self.model.graph
+        plan = Plan(
+            partitions=tuple(partitions),
+            graph_inputs=tuple(v.name or "" for v in g.inputs if v.name not in g.initializers),
+            graph_outputs=tuple(v.name or "" for v in g.outputs),
+        )
+        return plan, part_of
+
+    def _inputs_of(self, nodes: list[int], index: int, part_of: list[int]) -> tuple[str, ...]:
+        graph = self.graph
+        found: dict[str, None] = {}
+        for i in nodes:
+            for value in graph.reads[i]:
+                if value.is_initializer() or value.name in self.model.graph.initializers:
+                    continue  # weights stay with the partition that reads them
+                j = graph.producer_index(value)
+                if j is not None and (part_of[j] == index or graph.attached[j]):
+                    # A Constant elsewhere is copied into each partition that reads it when the
+                    # plan is lowered: fed at run time, it would stop being a constant there.
+                    continue
+                found[value.name or ""] = None
+        return tuple(found)
+
+    def _outputs_of(self, nodes: list[int], index: int, part_of: list[int]) -> tuple[str, ...]:
+        graph = self.graph
+        found: list[str] = []
+        for i in nodes:
+            for value in graph.nodes[i].outputs:
+                readers = graph.readers.get(value, ())
+                handed_on = not graph.attached[i] and any(part_of[r] != index for r in readers)
+                if value.is_graph_output() or handed_on:
+                    found.append(value.name or "")
+        if not found:
+            # Dead code (nothing it computes reaches a graph output). Engines refuse a model
+            # without outputs, so it hands on its dangling values, which nobody asks for.
+            found = [
+                value.name or ""
+                for i in nodes
+                for value in graph.nodes[i].outputs
+                if not graph.readers.get(value)
+            ]
+        return tuple(found)
+
+    def _report(self, plan: Plan, part_of: list[int]) -> PartitionReport:
+        graph = self.graph
+        verdicts = []
+        for i, node in enumerate(graph.nodes):
+            backend = self.assigned[i]
+            assert backend is not None
+            note = None
+            if graph.attached[i]:
+                note = "a Constant: placed in the partition of its first reader"
+            tried = {b: why for b, why in self.reasons[i].items() if b != backend}
+            verdicts.append(
+                NodeVerdict(node.name or "", _op_name(node), backend, part_of[i], tried, note)
+            )
+        boundaries = []
+        for index, p in enumerate(plan.partitions):
+            for name in p.outputs:
+                value = graph.values[name]
+                consumers = sorted(
+                    {part_of[r] for r in graph.readers.get(value, ()) if part_of[r] != index}
+                )
+                if consumers:
+                    boundaries.append(_boundary(value, index, tuple(consumers)))
+        return PartitionReport(plan, tuple(verdicts), tuple(boundaries))
+
+
+class _Dag:
+    """The top-level nodes of a model as an integer-indexed DAG, in topological order.
+
+    A node's reads are its inputs plus the outer values its subgraphs use, so If/Loop/Scan nodes
+    are single units that depend on everything their bodies capture.
+    """
+
+    def __init__(self, model: ir.Model) -> None:
+        self._build(model)
+        if any(p >= i for i, preds in enumerate(self.preds) for p in preds):
+            try:
+                model.graph.sort()
+            except ValueError as e:
+                raise FerryError(
+                    f"the graph of the model has a cycle, so it cannot be partitioned: {e}"
+                ) from e
+            self._build(model)
+
+    def _build(self, model: ir.Model) -> None:
+        self.nodes: list[ir.Node] = list(model.graph)
+        self.index: dict[ir.Node, int] = {node: i for i, node in enumerate(self.nodes)}
+        self.by_name: dict[str, int] = {node.name or "": i for i, node in enumerate(self.nodes)}
+        self.reads: list[list[ir.Value]] = []
+        self.readers: dict[ir.Value, list[int]] = {}
+        self.values: dict[str, ir.Value] = {}
+        self.preds: list[list[int]] = []
+        self.succs: list[list[int]] = [[] for _ in self.nodes]
+        for i, node in enumerate(self.nodes):
+            reads = list(dict.fromkeys(v for v in node.inputs if v is not None))
+            if _has_subgraphs(node):
+                reads.extend(v for v in _captured(node) if v not in reads)
+            self.reads.append(reads)
+            preds: dict[int, None] = {}
+            for value in reads:
+                self.readers.setdefault(value, []).append(i)
+                j = self.producer_index(value)
+                if j is not None:
+                    preds[j] = None
+            self.preds.append(list(preds))
+            for j in preds:
+                self.succs[j].append(i)
+            for value in node.outputs:
+                self.values[value.name or ""] = value
+        #: Constant nodes (no inputs): placed with their first reader, not grouped.
+        self.attached: list[bool] = [
+            node.op_type == "Constant"
+            and node.domain in _DEFAULT_DOMAINS
+            and not self.reads[i]
+            and not _has_subgraphs(node)
+            for i, node in enumerate(self.nodes)
+        ]
+
+    def producer_index(self, value: ir.Value) -> int | None:
+        producer = value.producer()
+        return None if producer is None else self.index.get(producer)
+
+
+def _shape_chain(graph: _Dag) -> list[bool]:
+    """Which nodes compute shapes: run-time dependent, results only ending in shape inputs."""
+    n = len(graph.nodes)
+    runtime = [False] * n
+    for i in range(n):
+        for value in graph.reads[i]:
+            j = graph.producer_index(value)
+            if (j is not None and runtime[j]) or (
+                value.is_graph_input() and not value.is_initializer()
+            ):
+                runtime[i] = True
+                break
+    chain = [False] * n
+    for i in range(n - 1, -1, -1):
+        node = graph.nodes[i]
+        if not runtime[i] or _has_subgraphs(node):
+            continue
+        used = False
+        ok = True
+        for value in node.outputs:
+            if value.is_graph_output():
+                ok = False
+                break
+            for use in value.uses():
+                used = True
+                j = graph.index.get(use.node)
+                if j is None:  # read inside a subgraph: data as far as we can tell
+                    ok = False
+                    break
+                consumer = use.node
+                slots = (
+                    SHAPE_INPUTS.get(consumer.op_type, frozenset())
+                    if consumer.domain in _DEFAULT_DOMAINS
+                    else frozenset()
+                )
+                if use.idx not in slots and not chain[j]:
+                    ok = False
+                    break
+            if not ok:
+                break
+        chain[i] = ok and used
+    return chain
+
+
+def _resolve(backends: Sequence[BackendLike] | str, fallback: str) -> list[PartitionBackend]:
+    """Backend objects in priority order, up to (not including) the fallback."""
+    if isinstance(backends, str):
+        backends = [b.strip() for b in backends.split(",") if b.strip()]
+    items = list(backends)
+    found: list[PartitionBackend] = []
+    seen: set[str] = set()
+    for position, item in enumerate(items):
+        backend: PartitionBackend | None = None
+        if isinstance(item, str):
+            backend_name = item
+            if item != fallback:
+                from ferry.backends import get_backend
+
+                backend = get_backend(item)
+        else:
+            backend = item
+            backend_name = str(getattr(item, "name", ""))
+            if not backend_name:
+                raise InvalidInputError(f"backend {item!r} has no name attribute")
+        if backend_name == fallback:
+            rest = items[position + 1 :]
+            if rest:
+                logger.info(
+                    "backends listed after the fallback %r get no nodes: %s",
+                    fallback,
+                    ", ".join(str(getattr(b, "name", b)) for b in rest),
+                )
+            break
+        if backend is None or backend_name in seen:
+            continue
+        seen.add(backend_name)
+        found.append(backend)
+    return found
+
+
+def _prepare(source: ir.Model | onnx.ModelProto | str | os.PathLike[str]) -> ir.Model:
+    """A named, shape-inferred clone of the model (the caller's model is never touched)."""
+    model = source if isinstance(source, ir.Model) else load_model(source)
+    try:
+        work = model.clone()
+    except RuntimeError:
+        # onnx_ir clones only topologically sorted graphs; a round trip through the proto takes
+        # any order (and copies the weights, which only such rare models pay for).
+        work = ir.from_proto(ir.to_proto(model))
+    NameFixPass()(work)
+    _infer_types(work)
+    return work
+
+
+def _infer_types(work: ir.Model) -> None:
+    """Give the top-level values of ``work`` the dtypes and shapes ONNX shape inference finds.
+
+    Best effort: rules see dtypes and ranks where inference knows them; a model it cannot handle
+    (custom ops) keeps its declared types. Only values without a dtype or shape get one.
+    onnx_ir's ``ShapeInferencePass`` does the same but deserializes the whole inferred model to
+    merge it back, which takes most of the time on large graphs; this reads only the value infos.
+    Weights above 1 KiB are left out of the proto, as that pass does, so nothing large is copied.
+    """
+    graph = work.graph
+    saved = [(v, v.const_value) for v in graph.initializers.values()]
+    inputs = list(graph.inputs)
+    listed = set(inputs)
+    try:
+        for value, tensor in saved:
+            if tensor is not None:
+                value.shape = (
+                    value.shape if value.shape is not None else ir.Shape(tensor.shape.numpy())
+                )
+                value.dtype = value.dtype if value.dtype is not None else tensor.dtype
+            if value not in listed:
+                graph.inputs.append(value)  # typed as an input, so inference knows it
+            if tensor is None or tensor.nbytes > _INFERENCE_WEIGHT_LIMIT:
+                graph.initializers.pop(value.name or "")
+                value.const_value = None
+        proto = ir.to_proto(work)
+    finally:
+        for value, tensor in saved:
+            value.const_value = tensor
+            if (value.name or "") in graph.initializers:
+                continue
+            if tensor is not None:
+                graph.register_initializer(value)
+            else:  # register_initializer wants data; a weight not loaded yet goes back as it was
+                graph.initializers.add(value)
+        graph.inputs.clear()
+        graph.inputs.extend(inputs)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    except Exception as e:  # onnx raises many types; inference only refines what rules see
+        logger.info("shape inference failed, partitioning on declared types: %s", e)
+        return
+    by_name: dict[str, ir.Value] = {}
+    for node in graph:
+        for value in node.outputs:
+            if value.dtype is None or value.shape is None:
+                by_name[value.name or ""] = value
+    for info in inferred.graph.value_info:
+        target = by_name.get(info.name)
+        if target is None or not info.type.HasField("tensor_type"):
+            continue
+        tensor_type = info.type.tensor_type
+        if target.dtype is None and tensor_type.elem_type:
+            target.dtype = ir.DataType(tensor_type.elem_type)
+        if target.shape is None and tensor_type.HasField("shape"):
+            target.shape = ir.Shape(
+                [
+                    d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                    for d in tensor_type.shape.dim
+                ]
+            )
+
+
+def _has_subgraphs(node: ir.Node) -> bool:
+    return any(
+        isinstance(attr, ir.Attr) and attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+        for attr in node.attributes.values()
+    )
+
+
+def _subgraphs_of(node: ir.Node) -> list[ir.Graph]:
+    graphs: list[ir.Graph] = []
+    for attr in node.attributes.values():
+        if not isinstance(attr, ir.Attr):
+            continue
+        if attr.type == ir.AttributeType.GRAPH:
+            graphs.append(attr.as_graph())
+        elif attr.type == ir.AttributeType.GRAPHS:
+            graphs.extend(attr.as_graphs())
+    return graphs
+
+
+def _captured(node: ir.Node) -> list[ir.Value]:
+    """Values from outside ``node`` that its subgraphs (at any depth) read."""
+    defined: set[ir.Value] = set()
+    used: dict[ir.Value, None] = {}
+
+    def visit(graph: ir.Graph) -> None:
+        defined.update(graph.inputs)
+        defined.update(graph.initializers.values())
+        for inner in graph:
+            for value in inner.inputs:
+                if value is not None:
+                    used[value] = None
+            defined.update(inner.outputs)
+            for sub in _subgraphs_of(inner):
+                visit(sub)
+        for value in graph.outputs:
+            used[value] = None
+
+    for graph in _subgraphs_of(node):
+        visit(graph)
+    return [v for v in used if v not in defined]
+
+
+def _uncounted(node: ir.Node) -> bool:
+    return node.domain in _DEFAULT_DOMAINS and node.op_type in UNCOUNTED_OPS
+
+
+def _op_name(node: ir.Node) -> str:
+    return node.op_type if node.domain in _DEFAULT_DOMAINS else f"{node.domain}::{node.op_type}"
+
+
+def _boundary(value: ir.Value, producer: int, consumers: tuple[int, ...]) -> BoundaryTensor:
+    dtype = dtype_name(value.dtype) if value.dtype is not None else None
+    shape: tuple[Dim, ...] | None = None
+    nbytes: int | None = None
+    if value.shape is not None:
+        shape = tuple(d if isinstance(d, int) else d.value for d in value.shape)
+        if value.dtype is not None and all(isinstance(d, int) for d in shape):
+            try:
+                bits = value.dtype.bitwidth
+            except (TypeError, ValueError):  # strings and other types without a fixed width
+                bits = None
+            if bits is not None:
+                nbytes = math.ceil(math.prod(int(d) for d in shape if d is not None) * bits / 8)
+    return BoundaryTensor(value.name or "", producer, consumers, dtype, shape, nbytes)
+
+
+def _dim(d: Dim) -> str:
+    return "?" if d is None else str(d)
+
+
+def _human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"

@@ -1,0 +1,192 @@
+"""Checking a Plan partition by partition, and finding the first node where a backend goes wrong.
+
+Each partition runs on its backend with the exact inputs ONNX Runtime computed for it on the whole
+model; its outputs are compared with ONNX Runtime's. When a partition disagrees, a binary search
+over prefixes of its node list finds the first node whose output diverges (a prefix that holds a
+diverging node diverges too, so the search is sound).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from ferry.converters.parity import OutputParity, compare_outputs
+from ferry.errors import FerryError
+from ferry.runtime.plan import Partition, Plan
+
+__all__ = ["PartitionCheck", "all_values", "verify_plan"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionCheck:
+    """How one partition compares with ONNX Runtime on the same inputs."""
+
+    index: int
+    backend: str
+    nodes: int
+    outputs: tuple[OutputParity, ...]
+    #: The first node whose output diverges, when the partition failed and bisection found it.
+    first_bad_node: str | None = None
+    first_bad_op: str | None = None
+    error: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and all(o.passed for o in self.outputs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "backend": self.backend,
+            "nodes": self.nodes,
+            "passed": self.passed,
+            "outputs": [o.to_dict() for o in self.outputs],
+            "first_bad_node": self.first_bad_node,
+            "first_bad_op": self.first_bad_op,
+            "error": self.error,
+        }
+
+
+def all_values(model: ir.Model, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every value of the top-level graph, computed by ONNX Runtime on the whole model."""
+    import ferry
+
+    probe = model.clone()
+    known = {v.name for v in probe.graph.outputs}
+    for node in probe.graph:
+        for value in node.outputs:
+            if value.name and value.name not in known and value.dtype is not None:
+                probe.graph.outputs.append(value)
+                known.add(value.name)
+    session = ferry.load(probe)
+    values = dict(feeds)
+    values.update(session.run(dict(feeds)))
+    return values
+
+
+def verify_plan(
+    model: ir.Model,
+    plan: Plan,
+    feeds: Mapping[str, np.ndarray],
+    *,
+    tolerance: tuple[float, float] | None = None,
+    options: Mapping[str, Any] | None = None,
+    bisect: bool = True,
+) -> list[PartitionCheck]:
+    """Run each partition of ``plan`` on its backend against ONNX Runtime's values.
+
+    Args:
+        model: the model the plan was made for (nodes and values named).
+        plan: the plan to check.
+        feeds: inputs of the whole model.
+        tolerance: (atol, rtol); None picks one per dtype.
+        options: options for every backend (threads, ...), merged under each partition's own.
+        bisect: look for the first diverging node of a failing partition.
+    """
+    reference = all_values(model, feeds)
+    checks = []
+    for index, partition in enumerate(plan.partitions):
+        check = _check_partition(model, index, partition, reference, tolerance, dict(options or {}))
+        if not check.passed and bisect and check.error is None and len(partition.nodes) > 1:
+            bad = _bisect(model, partition, reference, tolerance, dict(options or {}))
+            if bad is not None:
+                node = next(n for n in model.graph if n.name == bad)
+                check = dataclasses.replace(check, first_bad_node=bad, first_bad_op=node.op_type)
+        checks.append(check)
+    return checks
+
+
+def _run_partition(
+    model: ir.Model,
+    partition: Partition,
+    reference: Mapping[str, np.ndarray],
+    options: dict[str, Any],
+) -> dict[str, np.ndarray]:
+    from ferry.backends import get_backend
+    from ferry.backends.api import CompileSpec
+    from ferry.runtime.lower import partition_model
+
+    backend = get_backend(partition.backend)
+    sub = partition_model(model, partition)
+    spec = CompileSpec(partition=partition, model=sub, options={**options, **partition.options})
+    compiled = backend.compile(spec)
+    return compiled.run(
+        {name: reference[name] for name in partition.inputs}, list(partition.outputs)
+    )
+
+
+def _check_partition(
+    model: ir.Model,
+    index: int,
+    partition: Partition,
+    reference: Mapping[str, np.ndarray],
+    tolerance: tuple[float, float] | None,
+    options: dict[str, Any],
+) -> PartitionCheck:
+    try:
+        got = _run_partition(model, partition, reference, options)
+    except FerryError as e:
+        return PartitionCheck(index, partition.backend, len(partition.nodes), (), error=str(e))
+    want = {name: reference[name] for name in partition.outputs}
+    report = compare_outputs(got, want, tolerance=tolerance)
+    return PartitionCheck(index, partition.backend, len(partition.nodes), report.outputs)
+
+
+def _prefix(model: ir.Model, partition: Partition, count: int) -> Partition:
+    """The partition cut to its first ``count`` nodes, giving every value those nodes produce."""
+    names = set(partition.nodes[:count])
+    nodes = [n for n in model.graph if n.name in names]
+    produced = {v.name for n in nodes for v in n.outputs if v.name}
+    inputs = []
+    for node in nodes:
+        for value in node.inputs:
+            if value is None or not value.name or value.name in produced or value.is_initializer():
+                continue
+            if value.const_value is not None or value.name in inputs:
+                continue
+            inputs.append(value.name)
+    outputs = [v.name for n in nodes for v in n.outputs if v.name and v.dtype is not None]
+    return Partition(
+        partition.backend,
+        tuple(partition.nodes[:count]),
+        tuple(inputs),
+        tuple(outputs),
+        dict(partition.options),
+    )
+
+
+def _bisect(
+    model: ir.Model,
+    partition: Partition,
+    reference: Mapping[str, np.ndarray],
+    tolerance: tuple[float, float] | None,
+    options: dict[str, Any],
+) -> str | None:
+    def diverges(count: int) -> bool:
+        cut = _prefix(model, partition, count)
+        try:
+            got = _run_partition(model, cut, reference, options)
+        except FerryError:
+            return True
+        want = {name: reference[name] for name in cut.outputs if name in reference}
+        got = {name: got[name] for name in want}
+        return not compare_outputs(got, want, tolerance=tolerance).passed
+
+    low, high = 1, len(partition.nodes)  # the whole partition diverges
+    if not diverges(high):
+        return None  # only visible with the partition's own output set: report no node
+    while low < high:
+        middle = (low + high) // 2
+        if diverges(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return partition.nodes[low - 1]

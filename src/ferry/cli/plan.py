@@ -1,0 +1,253 @@
+"""``ferry plan``: how a model splits across engines, why, and whether each piece computes right."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from ferry.cli._common import build_feeds, console, input_options, model_argument, write_json
+
+
+@click.command("plan")
+@model_argument
+@click.option(
+    "--backends",
+    default="onnxruntime",
+    show_default=True,
+    metavar="NAMES|auto",
+    help="Engines in priority order, comma-separated; 'auto' measures candidates and picks the fastest correct one.",
+)
+@click.option(
+    "--explain",
+    is_flag=True,
+    help="Show every node's placement and why other engines did not take it.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the plan (and what --explain/--verify found) as JSON.",
+)
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Run each partition on its engine against ONNX Runtime; bisect a failing one to its first diverging node.",
+)
+@click.option(
+    "--tolerance",
+    metavar="ATOL[,RTOL]",
+    help="Tolerance for --verify and auto (default: by dtype).",
+)
+@click.option(
+    "--min-partition-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Smallest partition worth handing to an engine.",
+)
+@click.option(
+    "--force-cpu",
+    multiple=True,
+    metavar="OP|NODE",
+    help="Keep this op type or node on ONNX Runtime (repeatable).",
+)
+@click.option(
+    "--budget",
+    type=click.FloatRange(min=0.1),
+    default=20.0,
+    show_default=True,
+    help="Seconds auto spends timing candidates.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Save the plan as JSON (ferry.load(model, plan=Plan.load(path))).",
+)
+@input_options
+def command(
+    model: Path,
+    backends: str,
+    explain: bool,
+    as_json: bool,
+    verify: bool,
+    tolerance: str | None,
+    min_partition_size: int | None,
+    force_cpu: tuple[str, ...],
+    budget: float,
+    output: Path | None,
+    input_files: tuple[str, ...],
+    shapes: tuple[str, ...],
+    seed: int,
+) -> None:
+    """Partition MODEL across engines and show the plan.
+
+    \b
+    Examples:
+      ferry plan model.onnx --backends openvino,onnxruntime --explain
+      ferry plan model.onnx --backends openvino --force-cpu Softmax --verify
+      ferry plan model.onnx --backends auto -o plan.json
+    """
+    import ferry
+    from ferry.backends import partition as partitioning
+    from ferry.cli.convert import _parse_tolerance
+    from ferry.graph import load_model, named_copy
+    from ferry.runtime.session import backend_names
+
+    work = named_copy(load_model(model))
+    tol = _parse_tolerance(tolerance)
+    result: dict[str, Any] = {}
+    session = ferry.load(work)
+    feeds = build_feeds(session, input_files, shapes, seed, random=True)
+    names = backend_names(backends)
+    report = None
+    if names == ["auto"]:
+        from ferry.backends.auto import choose_plan
+
+        choice = choose_plan(work, tolerance=tol, budget_s=budget, feeds=feeds)
+        plan = choice.plan
+        result["auto"] = choice.to_dict()
+        if not as_json:
+            _print_auto(choice)
+    else:
+        kwargs: dict[str, Any] = {"force_cpu": force_cpu}
+        if min_partition_size is not None:
+            kwargs["min_partition_size"] = min_partition_size
+        report = partitioning.explain(work, names, **kwargs)
+        plan = report.plan
+    result["plan"] = plan.to_dict()
+    if report is not None:
+        result["boundary_bytes"] = report.boundary_bytes
+        if explain:
+            result["nodes"] = [
+                {
+                    "node": v.node,
+                    "op": v.op_type,
+                    "backend": v.backend,
+                    "partition": v.partition,
+                    "reasons": dict(v.reasons),
+                    "note": v.note,
+                }
+                for v in report.nodes
+            ]
+    if not as_json:
+        _print_plan(plan, report, explain)
+    if verify:
+        from ferry.backends.verify import verify_plan
+
+        checks = verify_plan(work, plan, feeds, tolerance=tol)
+        result["verify"] = [c.to_dict() for c in checks]
+        if not as_json:
+            _print_checks(checks)
+    if output is not None:
+        plan.save(output)
+        if not as_json:
+            console.print(f"saved the plan to {escape(str(output))}")
+    if as_json:
+        write_json(result, "-")
+    if verify and not all(c["passed"] for c in result["verify"]):
+        from ferry.errors import ExecutionError
+
+        raise ExecutionError(
+            "verification failed: a partition does not match ONNX Runtime (see above)"
+        )
+
+
+def _print_plan(plan: Any, report: Any, explain: bool) -> None:
+    table = Table("#", "backend", "nodes", "ops", "inputs", "outputs", box=None)
+    for index, p in enumerate(plan.partitions):
+        ops = _op_summary(report, p) if report is not None else ""
+        table.add_row(
+            str(index),
+            p.backend,
+            str(len(p.nodes)),
+            escape(ops),
+            escape(_names(p.inputs)),
+            escape(_names(p.outputs)),
+        )
+    console.print(table)
+    if report is not None:
+        total = report.boundary_bytes
+        size = "dynamic (depends on input shapes)" if total is None else f"{total:,} bytes"
+        console.print(f"{len(report.boundaries)} tensor(s) cross engines per run: {size}")
+    if explain and report is not None:
+        nodes = Table("node", "op", "runs on", "why not elsewhere", box=None)
+        for v in report.nodes:
+            why = "; ".join(f"{name}: {reason}" for name, reason in v.reasons.items())
+            if v.note:
+                why = f"{why}; {v.note}" if why else v.note
+            nodes.add_row(
+                escape(v.node), escape(v.op_type), f"{v.backend} #{v.partition}", escape(why)
+            )
+        console.print(nodes)
+
+
+def _op_summary(report: Any, partition: Any) -> str:
+    members = set(partition.nodes)
+    counts: dict[str, int] = {}
+    for v in report.nodes:
+        if v.node in members:
+            counts[v.op_type] = counts.get(v.op_type, 0) + 1
+    top = sorted(counts.items(), key=lambda kv: -kv[1])[:4]
+    more = "" if len(counts) <= 4 else ", ..."
+    return ", ".join(f"{op} x{n}" for op, n in top) + more
+
+
+def _names(names: tuple[str, ...], limit: int = 3) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" (+{len(names) - limit})" if len(names) > limit else "") if names else "-"
+
+
+def _print_auto(choice: Any) -> None:
+    if choice.from_cache:
+        console.print(f"auto: {choice.label} (cached choice for this model and machine)")
+        return
+    base = next(
+        (c for c in choice.candidates if c.label == "onnxruntime fp32" and not c.error), None
+    )
+    table = Table(
+        "candidate",
+        "partitions",
+        "load s",
+        "latency ms",
+        "vs ORT fp32",
+        "max abs err",
+        "correct",
+        "",
+        box=None,
+    )
+    for c in choice.candidates:
+        ratio = f"{c.latency_ms / base.latency_ms:.2f}" if base and not c.error else "-"
+        table.add_row(
+            escape(c.label),
+            str(len(c.plan.partitions)),
+            f"{c.load_s:.2f}",
+            "-" if c.error else f"{c.latency_ms:.3f}",
+            ratio,
+            "-" if c.max_abs_error is None else f"{c.max_abs_error:.2g}",
+            "error" if c.error else ("yes" if c.passed else "no"),
+            "<- chosen" if c.label == choice.label else "",
+        )
+    console.print(table)
+    for c in choice.candidates:
+        if c.error:
+            console.print(f"{escape(c.label)}: {escape(c.error)}")
+
+
+def _print_checks(checks: list[Any]) -> None:
+    table = Table("#", "backend", "nodes", "max abs err", "ok", "first diverging node", box=None)
+    for c in checks:
+        worst = max((o.max_abs_error for o in c.outputs), default=0.0)
+        bad = f"{c.first_bad_node} ({c.first_bad_op})" if c.first_bad_node else (c.error or "")
+        table.add_row(
+            str(c.index),
+            c.backend,
+            str(c.nodes),
+            f"{worst:.3g}" if c.outputs else "-",
+            "yes" if c.passed else "NO",
+            escape(bad),
+        )
+    console.print(table)
