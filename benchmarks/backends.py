@@ -13,6 +13,7 @@ One process, one run, zoo models at batch 1 (fp32 unless a row says otherwise):
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import sys
 import tempfile
@@ -61,9 +62,10 @@ def raw_runner(backend: str, path: Path, threads: int | None) -> Callable[[dict[
         )
         return lambda feeds: sess.run(None, feeds)
     if backend == "openvino":
-        import openvino as ov
-
+        # The adapter first: it raises BackendUnavailableError, naming the extra, without openvino.
         from ferry.backends.openvino import compile_config
+
+        ov = importlib.import_module("openvino")
 
         compiled = ov.Core().compile_model(
             str(path), "CPU", compile_config({"threads": threads} if threads else {})
