@@ -219,6 +219,10 @@ def atomic_path(dest: str | os.PathLike[str], suffix: str = "") -> Iterator[Path
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=suffix + ".tmp", dir=dest.parent)
     os.close(fd)
+    # mkstemp makes the file 0600; give it the permissions a plain open() would (umask applied).
+    umask = os.umask(0)
+    os.umask(umask)
+    Path(tmp).chmod(0o666 & ~umask)
     tmp_path = Path(tmp)
     try:
         yield tmp_path

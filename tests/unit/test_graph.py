@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -160,3 +161,12 @@ def test_summary_of_external_data_model_reads_no_weights(tmp_path: Path) -> None
     assert s.external_data and s.param_count == 8 * 16 + 8 + 8 * 4
     d = s.to_dict()
     assert d["inputs"][0] == {"name": "x", "dtype": "float32", "shape": ["batch", 16]}
+
+
+def test_saved_files_get_normal_permissions(tmp_path: Path, mlp_path: Path) -> None:
+    umask = os.umask(0o022)
+    try:
+        out = save_model(load_model(mlp_path), tmp_path / "perm.onnx")
+    finally:
+        os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o644
