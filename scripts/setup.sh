@@ -25,7 +25,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   pip_install --upgrade pip
   # The CPU build of torch, pinned first so that no extra can pull a multi-GB CUDA build.
   pip_install "torch==2.13.0"
-  pip_install -e "$root[dev,zoo,sklearn,tflite]"
+  pip_install -e "$root[dev,zoo,sklearn,tflite,openvino,serve,plot]"
   echo "$want" > "$stamp"
 fi
 export PATH="$venv/bin:$PATH"

@@ -17,7 +17,7 @@ from onnx_ir.passes.common import NameFixPass
 
 import models
 from ferry.backends import _onnxruntime_ops, get_backend
-from ferry.backends.api import CompileSpec
+from ferry.backends.api import CompiledPartition, CompileSpec
 from ferry.backends.onnxruntime import (
     OnnxRuntimeBackend,
     OnnxRuntimePartition,
@@ -310,11 +310,67 @@ def test_partition_runs_on_the_providers_it_was_given() -> None:
     want = ort.InferenceSession(model.SerializeToString(), providers=[CPU]).run(None, {"x": x})[0]
     part = OnnxRuntimeBackend().compile(spec_for(model, device="cpu", threads=1))
     assert isinstance(part, OnnxRuntimePartition)
+    assert isinstance(part, CompiledPartition)
+    assert part.serialize() == b""  # ORT compiles from the model; nothing to cache
     assert part.providers == [CPU]
     np.testing.assert_array_equal(part.run({"x": x})["y"], want)
     if CUDA not in ort.get_available_providers():
         with pytest.raises(BackendUnavailableError, match="onnxruntime-gpu"):
             OnnxRuntimeBackend().compile(spec_for(model, device="cuda"))
+
+
+@pytest.mark.parametrize(
+    ("elem_type", "values"),
+    [
+        (TensorProto.BFLOAT16, [[-1.5, 0.0], [2.25, 100.0]]),
+        (TensorProto.FLOAT8E4M3FN, [[-1.5, 0.0], [2.25, 96.0]]),
+        (TensorProto.INT4, [[-8, -1], [0, 7]]),
+        (TensorProto.UINT4, [[0, 1], [9, 15]]),
+        (TensorProto.INT2, [[-2, -1], [0, 1]]),
+    ],
+)
+def test_types_numpy_lacks_pass_through_both_ways(elem_type: int, values: list[Any]) -> None:
+    """bfloat16, float8 and packed int4/int2 tensors in and out (ml_dtypes arrays on ferry's side).
+
+    x (exotic) -> Cast(float) -> Add 1 -> Cast(back) -> y: ORT's numpy bridge takes none of them.
+    """
+    dtype = np.dtype(ir.DataType(elem_type).numpy())
+    x = np.array(values, dtype=np.float32).astype(dtype)
+    zero = numpy_helper.from_array(np.array(0.0, np.float32), "zero")
+    nodes = [
+        helper.make_node("Cast", ["x"], ["xf"], name="up", to=TensorProto.FLOAT),
+        helper.make_node("Add", ["xf", "zero"], ["s"], name="add"),
+        helper.make_node("Cast", ["s"], ["y"], name="down", to=elem_type),
+        helper.make_node("Identity", ["xf"], ["f"], name="copy"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "exotic",
+        [helper.make_tensor_value_info("x", elem_type, [2, 2])],
+        [
+            helper.make_tensor_value_info("y", elem_type, [2, 2]),
+            helper.make_tensor_value_info("f", TensorProto.FLOAT, [2, 2]),
+        ],
+        [zero],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 25)])
+    model.ir_version = 10
+    got = OnnxRuntimeBackend().compile(spec_for(model)).run({"x": x})
+    np.testing.assert_array_equal(got["f"], x.astype(np.float32))
+    assert got["y"].dtype == dtype
+    np.testing.assert_array_equal(got["y"].astype(np.float32), x.astype(np.float32))
+
+
+def test_scalar_inputs_keep_their_shape() -> None:
+    model = models.two_inputs()
+    feeds = {
+        "a": np.ones((2, 4), np.float32),
+        "b": np.zeros((2, 4), np.float32),
+        "k": np.array(3, dtype=np.int64),
+    }
+    np.testing.assert_array_equal(
+        OnnxRuntimeBackend().compile(spec_for(model)).run(feeds)["sum"], np.full((2, 4), 3.0)
+    )
 
 
 def test_partition_refuses_other_precisions() -> None:

@@ -955,6 +955,22 @@ def test_compile_runs_like_onnxruntime_across_batches(fake_sdk: _FakeTensorRT) -
         part.run({"x": np.zeros((1, 1, 8, 8), np.float32)}, ["nope"])
 
 
+def test_scalar_int64_and_bool_io(fake_sdk: _FakeTensorRT) -> None:
+    model = models.two_inputs()  # a[batch, 4], b[batch, 4], k[] int64 -> sum, mask (bool)
+    part = TensorRTBackend().compile(spec_for(model))
+    feeds = {
+        "a": RNG.standard_normal((3, 4)).astype(np.float32),
+        "b": RNG.standard_normal((3, 4)).astype(np.float32),
+        "k": np.array(3, dtype=np.int64),
+    }
+    got = part.run(feeds)
+    want = ort_run(model, feeds)
+    assert got["mask"].dtype == np.bool_ and got["sum"].shape == (3, 4)
+    np.testing.assert_array_equal(got["mask"], want["mask"])
+    np.testing.assert_array_equal(got["sum"], want["sum"])
+    assert list(part.run(feeds, ["mask"])) == ["mask"]
+
+
 def test_options_reach_the_builder(fake_sdk: _FakeTensorRT) -> None:
     model = _digits_like()
     TensorRTBackend().compile(

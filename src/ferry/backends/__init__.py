@@ -25,6 +25,7 @@ ENTRY_POINT_GROUP = "ferry.backends"
 
 _BUILTIN = {
     "onnxruntime": "ferry.backends.onnxruntime:OnnxRuntimeBackend",
+    "openvino": "ferry.backends.openvino:OpenVINOBackend",
     "tensorrt": "ferry.backends.tensorrt:TensorRTBackend",
 }
 _instances: dict[str, Backend] = {}

@@ -12,13 +12,18 @@ Nothing here is guessed. The algorithm:
 2. Kernels: ONNX Runtime's own kernel registry (``get_all_opkernel_def``) lists every CPU kernel
    with the schema versions it covers and its type constraints. A model opset ``o`` resolves an
    op to the newest schema version ``s <= o`` (from ONNX Runtime's schema registry); the op runs
-   at ``o`` when a kernel covers ``s``. Type constraints map to input indices through the ONNX
-   schema's formal parameters. Where a kernel takes float32, float16 is added: ONNX Runtime's
-   InsertCastTransformer (always on) runs float16 nodes through float kernels between Casts.
+   at ``o`` when a kernel serves ``s``: a kernel registered for ``[a, b]`` serves ``a..b``, an
+   open-ended one (``[a, INT_MAX]``) only ``a`` itself (ONNX Runtime's own lookup rule).
+   Kernels register type *combinations* (OneHot: indices x depth x values); registrations that
+   differ in one type parameter are joined, so each row allows exactly registered combinations.
+   Type parameters map to input and output indices through the ONNX schema. Where a kernel
+   takes float32, float16 is added: ONNX Runtime's InsertCastTransformer (always on) runs
+   float16 nodes through float kernels between Casts.
 3. Ops with no kernel at some schema version (function ops such as ``Swish`` or ``CastLike``,
-   which ONNX Runtime inlines, ``Constant``, which it folds, and old versions) are tried for real:
-   each of ONNX's node test cases for the op is loaded with its opset set to that version, and,
-   for the element types allowed by the schema, with its inputs retyped. What loads is recorded.
+   which ONNX Runtime inlines, ``Constant``, which it folds, and old versions) are tried for real,
+   at every model opset of the span (inlining depends on it): each of ONNX's node test cases for
+   the op is loaded at that opset and, one type parameter at a time, with the inputs and outputs
+   of that parameter retyped to each type the schema allows. What loads is recorded.
 4. ONNX's node test cases are run at their own opsets and compared with their expected outputs;
    the names of the cases that fail are recorded (``CONFORMANCE_FAILURES``) for the conformance
    tier, which must skip exactly those.

@@ -12,6 +12,7 @@ optional provider options, e.g. ``[("CUDAExecutionProvider", {"device_id": 1})]`
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
 import tempfile
@@ -51,6 +52,25 @@ _ORT_DOMAINS = {
 _INLINE_LIMIT = 1 << 30
 
 _CPU = "CPUExecutionProvider"
+
+#: ORT's type strings of the element types numpy lacks -> (ONNX type, ml_dtypes dtype, bits).
+#: ORT packs the 4- and 2-bit ones (low bits first); ml_dtypes keeps one element per byte.
+_EXOTIC: dict[str, tuple[int, np.dtype[Any], int]] = {
+    f"tensor({t.name.lower()})": (t.value, np.dtype(t.numpy()), bits)
+    for t, bits in (
+        (ir.DataType.BFLOAT16, 16),
+        (ir.DataType.FLOAT8E4M3FN, 8),
+        (ir.DataType.FLOAT8E4M3FNUZ, 8),
+        (ir.DataType.FLOAT8E5M2, 8),
+        (ir.DataType.FLOAT8E5M2FNUZ, 8),
+        (ir.DataType.FLOAT8E8M0, 8),
+        (ir.DataType.INT4, 4),
+        (ir.DataType.UINT4, 4),
+        (ir.DataType.FLOAT4E2M1, 4),
+        (ir.DataType.INT2, 2),
+        (ir.DataType.UINT2, 2),
+    )
+}
 #: ferry's device names -> the execution providers that run them, best first.
 DEVICE_PROVIDERS: dict[str, tuple[str, ...]] = {
     "cpu": (_CPU,),
@@ -152,6 +172,15 @@ def _rnn_layout(node: ir.Node) -> bool | str:
     return True
 
 
+def _per_tensor_weight_zero_point(node: ir.Node) -> bool | str:
+    # ORT's ConvInteger checks this when it runs, not when the session is created.
+    zero_point = node.inputs[3] if len(node.inputs) > 3 else None
+    shape = zero_point.shape if zero_point is not None else None
+    if shape is not None and any(d != 1 for d in shape):
+        return "per-channel w_zero_point is not supported by ONNX Runtime's CPU kernel"
+    return True
+
+
 def _checks(op: str, outputs: Any) -> Callable[[ir.Node], bool | str] | None:
     """The checks beyond input types: output types, subgraph bodies, RNN layout."""
     checks: list[Callable[[ir.Node], bool | str]] = []
@@ -161,6 +190,8 @@ def _checks(op: str, outputs: Any) -> Callable[[ir.Node], bool | str] | None:
         checks.append(_bodies_supported)
     if op in _RNNS:
         checks.append(_rnn_layout)
+    if op == "ConvInteger":
+        checks.append(_per_tensor_weight_zero_point)
     if not checks:
         return None
     return checks[0] if len(checks) == 1 else all_checks(*checks)
@@ -294,19 +325,86 @@ class OnnxRuntimePartition:
         # Calling the C++ session directly skips the Python wrapper's per-call re-validation of
         # feeds, which ferry has already done (see benchmarks/overhead.py).
         self._run = getattr(self.session, "_sess", self.session).run
+        # bfloat16 and float8 tensors: ORT's numpy bridge cannot take or give them (ferry holds
+        # them as ml_dtypes arrays), so those sessions pass raw bytes through OrtValues.
+        self._exotic_in = {
+            i.name: _EXOTIC[i.type] for i in self.session.get_inputs() if i.type in _EXOTIC
+        }
+        self._exotic_out = {
+            o.name: _EXOTIC[o.type] for o in self.session.get_outputs() if o.type in _EXOTIC
+        }
 
     def run(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[str] | None = None
     ) -> dict[str, np.ndarray]:
         names = self.output_names if outputs is None else outputs
         try:
+            if self._exotic_in or self._exotic_out:
+                return self._run_bytes(inputs, list(names))
             results = self._run(names, inputs, None)
         except Exception as e:
             raise ExecutionError(f"onnxruntime failed to run the model: {_first_line(e)}") from e
         return dict(zip(names, results))
 
+    def _run_bytes(self, inputs: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+        """Run through OrtValues, passing bfloat16/float8 tensors as their raw bytes."""
+        import onnxruntime as ort
+
+        feeds: dict[str, Any] = {}
+        for name, array in inputs.items():
+            exotic = self._exotic_in.get(name)
+            if exotic is None:
+                feeds[name] = ort.OrtValue.ortvalue_from_numpy(np.asarray(array, order="C"))
+                continue
+            elem_type, dtype, bits = exotic
+            raw = np.asarray(array, dtype=dtype, order="C")
+            if bits >= 8:
+                carrier = raw.view(np.uint8 if bits == 8 else np.uint16)
+            else:
+                # ORT reads the packed bytes from the start of a buffer of the logical shape.
+                carrier = np.zeros(raw.shape, np.uint8)
+                packed = _pack(raw.view(np.uint8).reshape(-1), bits)
+                carrier.reshape(-1)[: packed.size] = packed
+            feeds[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(carrier, elem_type)
+        values = self.session.run_with_ort_values(names, feeds)
+        results: dict[str, np.ndarray] = {}
+        for name, value in zip(names, values):
+            exotic = self._exotic_out.get(name)
+            if exotic is None:
+                results[name] = value.numpy()
+                continue
+            _, dtype, bits = exotic
+            shape = tuple(value.shape())
+            data = np.frombuffer(
+                ctypes.string_at(value.data_ptr(), value.tensor_size_in_bytes()), np.uint8
+            )
+            if bits < 8:
+                data = _unpack(data, bits)[: int(np.prod(shape))]
+            results[name] = data.view(dtype).reshape(shape).copy()
+        return results
+
     def serialize(self) -> bytes:
         return b""
+
+
+def _pack(values: np.ndarray, bits: int) -> np.ndarray:
+    """One element per byte -> ``8 // bits`` per byte, the first in the lowest bits."""
+    per = 8 // bits
+    padded = np.zeros(-(-values.size // per) * per, np.uint8)
+    padded[: values.size] = values & ((1 << bits) - 1)
+    lanes = padded.reshape(-1, per)
+    packed = np.zeros(lanes.shape[0], np.uint8)
+    for lane in range(per):
+        packed |= lanes[:, lane] << (lane * bits)
+    return packed
+
+
+def _unpack(data: np.ndarray, bits: int) -> np.ndarray:
+    """The inverse of ``_pack`` (possibly with a padding element or more at the end)."""
+    per = 8 // bits
+    mask = (1 << bits) - 1
+    lanes = [(data >> (lane * bits)) & mask for lane in range(per)]
+    return np.stack(lanes, axis=1).reshape(-1).astype(np.uint8)
 
 
 def _session_from_model(model: ir.Model, so: Any, providers: Sequence[Any]) -> Any:

@@ -377,7 +377,11 @@ class TensorRTBackend:
         for _ in range(_VALIDATE_ROUNDS):
             if not remaining:
                 break
-            found = _parser_rejects(trt, builder, model, remaining)
+            try:
+                found = _parser_rejects(trt, builder, model, remaining)
+            except Exception as e:  # cutting or parsing failed: keep what is known, say why
+                logger.warning("tensorrt: validate could not ask the parser (%s)", e)
+                break
             new = {n: r for n, r in found.items() if n in remaining}
             if not new:
                 break
@@ -743,7 +747,7 @@ class TensorRTPartition:
         d2h = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
         staged: list[np.ndarray] = []  # host arrays stay alive until the stream is synchronized
         for name in self.input_names:
-            array = np.ascontiguousarray(inputs[name], dtype=self._dtypes[name])
+            array = np.asarray(inputs[name], dtype=self._dtypes[name], order="C")
             if not context.set_input_shape(name, array.shape):
                 raise InvalidInputError(self._shape_error(name, array.shape))
             ptr = runner.buffer(name, array.nbytes)

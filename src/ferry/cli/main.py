@@ -73,10 +73,17 @@ def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
 
 
 def _register() -> None:
-    from ferry.cli import bench, convert, info, plan, run
+    import importlib
 
-    for module in (info, run, convert, plan, bench):
-        cli.add_command(module.command)
+    # One module per command; each defines ``command``.
+    for name in (
+        "info",
+        "run",
+        "convert",
+        "plan",
+        "bench",
+    ):
+        cli.add_command(importlib.import_module(f"ferry.cli.{name}").command)
 
 
 _register()

@@ -1,0 +1,675 @@
+"""OpenVINO on the CPU: ONNX partitions read by OpenVINO's ONNX frontend and compiled by its CPU plugin.
+
+Precision is a choice, not an accident: OpenVINO runs f32 models in bf16 on CPUs with bf16 units
+unless told otherwise, so ferry always sets ``INFERENCE_PRECISION_HINT`` (f32 unless the partition's
+``precision`` option asks for ``bf16`` or ``fp16``) and ``PERFORMANCE_HINT`` LATENCY, plus
+``INFERENCE_NUM_THREADS`` from the ``threads`` option.
+
+Names. OpenVINO's ONNX frontend turns an ONNX node into one or more OpenVINO ops. The op that
+produces an ONNX output carries that output as its tensor name and is called after the ONNX node
+(after the output when the node has no name or produces a graph output; ``node_output`` when a
+node's outputs come from different ops); ops in the middle of a decomposition get generated names
+(``Multiply_48``). ``validate`` therefore maps OpenVINO ops back to ONNX nodes through tensor names,
+then node names, and attributes a nameless op to the ONNX node(s) its results flow into.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import logging
+import re
+import tempfile
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from ferry.backends.api import CompileSpec
+from ferry.backends.rules import OpRule
+from ferry.errors import ExecutionError, FerryError, InvalidInputError, ModelLoadError
+from ferry.graph import dtype_name
+
+__all__ = ["OpenVINOBackend", "OpenVINOPartition", "compile_config", "rules_from_data"]
+
+logger = logging.getLogger(__name__)
+
+DEVICE = "CPU"
+#: ferry's precision names -> OpenVINO's ``INFERENCE_PRECISION_HINT`` values.
+PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
+# In-memory models above this size go to OpenVINO through a temporary file: protobuf's 2 GiB cap.
+_INLINE_LIMIT = 1 << 30
+# OpenVINO ops that hold no computation of their own; they never decide whether a node runs.
+_STRUCTURAL = frozenset({"Parameter", "Result", "Constant"})
+# How many times validate() cuts out what the CPU plugin choked on and asks again.
+_QUERY_RETRIES = 4
+
+_core: Any = None
+_frontend: Any = None
+_sdk_lock = threading.Lock()
+# OpenVINO's ONNX frontend is not documented as thread-safe; validate() converts under this lock.
+_frontend_lock = threading.Lock()
+
+
+def _ov_core() -> Any:
+    """The process's one ``openvino.Core`` (plugins load once; compile_model is thread-safe)."""
+    global _core
+    with _sdk_lock:
+        if _core is None:
+            import openvino
+
+            _core = openvino.Core()
+        return _core
+
+
+def _onnx_frontend() -> Any:
+    global _frontend
+    with _sdk_lock:
+        if _frontend is None:
+            from openvino.frontend import FrontEndManager
+
+            _frontend = FrontEndManager().load_by_framework("onnx")
+        return _frontend
+
+
+class OpenVINOBackend:
+    """OpenVINO's CPU plugin."""
+
+    name = "openvino"
+    device = "cpu"
+    precisions = ("fp32", "bf16", "fp16")
+    install_hint = "pip install 'ferry[openvino]'"
+
+    @property
+    def version(self) -> str:
+        import openvino
+
+        return str(openvino.__version__)
+
+    def available(self) -> bool:
+        try:
+            import openvino  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
+    def rules(self) -> Sequence[OpRule]:
+        return _rules()
+
+    def validate(self, model: ir.Model, nodes: Sequence[str]) -> dict[str, str]:
+        """Which of ``nodes`` OpenVINO rejects: its ONNX frontend cannot convert them, or its CPU
+        plugin's ``query_model`` does not report them as supported.
+
+        Algorithm: convert ``model`` partially (unconvertible nodes become placeholder ops) and
+        reject the placeholders' nodes; replace each placeholder's outputs by fresh inputs and ask
+        ``query_model``; reject the nodes owning any op it leaves out. When ``query_model`` itself
+        fails, reject the nodes its message names and ask again, or, when it names none, all of
+        ``nodes`` with its message.
+        """
+        wanted = set(nodes)
+        if not wanted:
+            return {}
+        # Ask about the nodes as OpenVINO would be given them: cut out, so that what other
+        # engines run (an op or type OpenVINO cannot even read) does not spoil the answer.
+        model = _candidate_model(model, nodes) or model
+        rejected: dict[str, str] = {}
+        with _frontend_lock:
+            try:
+                ov_model, unconverted = _convert_partially(model)
+            except Exception as e:  # the frontend could not even parse the model
+                reason = f"OpenVINO's ONNX frontend cannot read the model: {_first_line(e)}"
+                return dict.fromkeys(nodes, reason)
+        owners = _OwnerMap(model, ov_model)
+        for op, reason in unconverted:
+            for node in owners.of(op):
+                rejected.setdefault(node, reason)
+        if unconverted:
+            ov_model = _cut_out([op for op, _ in unconverted], model, ov_model)
+        core = _ov_core()
+        for _ in range(_QUERY_RETRIES):
+            try:
+                supported = core.query_model(ov_model, DEVICE)
+            except Exception as e:  # the plugin's transformations threw on some op
+                culprits = owners.named_in(str(e))
+                if not culprits:
+                    reason = f"OpenVINO's CPU plugin failed to check the model: {_first_line(e)}"
+                    return {n: rejected.get(n, reason) for n in nodes}
+                reason = f"OpenVINO's CPU plugin failed on it: {_first_line(e)}"
+                for op in culprits:
+                    for node in owners.of(op):
+                        rejected.setdefault(node, reason)
+                ov_model = _cut_out(culprits, model, ov_model)
+                continue
+            for op in ov_model.get_ordered_ops():
+                if op.get_type_name() in _STRUCTURAL or op.get_friendly_name() in supported:
+                    continue
+                for node in owners.of(op):
+                    rejected.setdefault(
+                        node, f"OpenVINO's CPU plugin does not support its {op.get_type_name()} op"
+                    )
+            break
+        else:
+            reason = "OpenVINO's CPU plugin kept failing to check the model"
+            for n in nodes:
+                rejected.setdefault(n, reason)
+        return {n: r for n, r in rejected.items() if n in wanted}
+
+    def compile(self, spec: CompileSpec) -> OpenVINOPartition:
+        config = compile_config(spec.options)
+        core = _ov_core()
+        with _ModelSource(spec) as source:
+            try:
+                ov_model = core.read_model(source)
+            except Exception as e:
+                raise ModelLoadError(
+                    f"OpenVINO could not read the model: {_first_line(e)}; run the unsupported "
+                    "nodes on another backend (ferry's partitioner asks OpenVINO which they are)"
+                ) from e
+            try:
+                compiled = core.compile_model(ov_model, DEVICE, config)
+            except Exception as e:
+                raise ModelLoadError(
+                    f"OpenVINO's CPU plugin could not compile the model: {_first_line(e)}"
+                ) from e
+        return OpenVINOPartition(spec, compiled, config)
+
+    def load(self, blob: bytes, spec: CompileSpec) -> OpenVINOPartition:
+        config = compile_config(spec.options)
+        try:
+            compiled = _ov_core().import_model(io.BytesIO(blob), DEVICE, config)
+        except Exception as e:
+            raise ModelLoadError(
+                f"OpenVINO could not import the cached compiled model: {_first_line(e)}; "
+                "clear the engine cache to compile it again"
+            ) from e
+        return OpenVINOPartition(spec, compiled, config)
+
+
+def compile_config(options: Mapping[str, Any]) -> dict[str, str]:
+    """OpenVINO compile properties for ferry's options (``precision``, ``threads``).
+
+    Raises:
+        InvalidInputError: ``precision`` is not one of the backend's precisions, or ``threads`` is
+            not a positive integer.
+    """
+    precision = options.get("precision") or "fp32"
+    hint = PRECISION_HINTS.get(str(precision))
+    if hint is None:
+        raise InvalidInputError(
+            f"openvino: precision {precision!r} is not supported; "
+            f"choose one of {', '.join(PRECISION_HINTS)}"
+        )
+    config = {"INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": "LATENCY"}
+    threads = options.get("threads")
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise InvalidInputError(
+                f"openvino: threads must be a positive integer, got {threads!r}"
+            )
+        config["INFERENCE_NUM_THREADS"] = str(threads)
+    return config
+
+
+class OpenVINOPartition:
+    """A partition compiled by OpenVINO's CPU plugin.
+
+    ``run`` may be called from several threads at once: each call borrows an infer request from a
+    free list (OpenVINO's requests are not thread-safe) and creates one when none is free, so there
+    are as many requests as calls ever ran at the same time.
+    """
+
+    def __init__(self, spec: CompileSpec, compiled: Any, config: Mapping[str, str]) -> None:
+        self.spec = spec
+        self.compiled = compiled
+        self.config = dict(config)
+        graph = spec.model.graph
+        inputs = [v for v in graph.inputs if v.name not in graph.initializers]
+        input_names = [v.name or "" for v in inputs]
+        self.output_names = [v.name or "" for v in graph.outputs]
+        in_ports = _match_ports(inputs, compiled.inputs, "input")
+        # Inputs OpenVINO dropped (unused once converted) are accepted and ignored.
+        self._in_index = {name: index for index, name in in_ports.items()}
+        dropped = [n for n in input_names if n not in self._in_index]
+        if dropped:
+            logger.debug("openvino: inputs %s are unused by the compiled model", dropped)
+        out_ports = _match_ports(list(graph.outputs), compiled.outputs, "output")
+        self._out_index = {name: index for index, name in out_ports.items()}
+        missing = [n for n in self.output_names if n not in self._out_index]
+        if missing:
+            raise ModelLoadError(
+                f"OpenVINO's compiled model has no output for {missing}; its outputs are "
+                f"{[sorted(o.get_names()) for o in compiled.outputs]}"
+            )
+        self._free: list[Any] = [compiled.create_infer_request()]
+        #: The precision OpenVINO actually runs in (``f32``, ``bf16``, ``f16``): the hint is a wish.
+        self.inference_precision = _type_name(compiled.get_property("INFERENCE_PRECISION_HINT"))
+        wished = self.config["INFERENCE_PRECISION_HINT"]
+        if self.inference_precision != wished:
+            logger.info(
+                "openvino: asked for %s, the CPU plugin runs in %s",
+                wished,
+                self.inference_precision,
+            )
+
+    def run(
+        self, inputs: dict[str, np.ndarray], outputs: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        names = self.output_names if outputs is None else outputs
+        index = self._in_index
+        feeds = {index[name]: value for name, value in inputs.items() if name in index}
+        try:
+            request = self._free.pop()
+        except IndexError:  # every request is busy in another thread
+            request = self.compiled.create_infer_request()
+        try:
+            try:
+                # share_inputs: no copy of contiguous inputs (the call is synchronous);
+                # share_outputs: views into the request's buffers, copied below before reuse.
+                request.infer(feeds, share_inputs=True, share_outputs=True)
+            except Exception as e:
+                raise ExecutionError(f"OpenVINO failed to run the model: {_first_line(e)}") from e
+            try:
+                return {
+                    name: np.array(request.get_output_tensor(self._out_index[name]).data)
+                    for name in names
+                }
+            except KeyError as e:
+                raise ExecutionError(
+                    f"openvino: no output named {e.args[0]!r}; outputs are {self.output_names}"
+                ) from None
+        finally:
+            self._free.append(request)
+
+    def serialize(self) -> bytes:
+        blob = self.compiled.export_model()
+        # export_model gives bytes in older releases and a BytesIO in newer ones.
+        return bytes(blob.getvalue() if hasattr(blob, "getvalue") else blob)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rules
+
+
+@functools.cache
+def _rules() -> tuple[OpRule, ...]:
+    from ferry.backends._openvino_rules import RULES
+
+    return rules_from_data(RULES)
+
+
+def rules_from_data(data: Iterable[Mapping[str, Any]]) -> tuple[OpRule, ...]:
+    """OpRules from the generated table in ``_openvino_rules`` (see its key legend)."""
+    rules = []
+    for entry in data:
+        inputs = {int(i): frozenset(types) for i, types in entry.get("inputs", {}).items()}
+        outputs = {int(i): frozenset(types) for i, types in entry.get("outputs", {}).items()}
+        rules.append(
+            OpRule(
+                op_type=entry["op"],
+                domain=entry.get("domain", ""),
+                since=entry["since"],
+                until=entry["until"],
+                dtypes=inputs,
+                const_inputs=tuple(entry.get("const", ())),
+                max_rank=entry.get("max_rank"),
+                dynamic_dims=entry.get("dynamic", True),
+                check=_NodeCheck(
+                    outputs,
+                    entry.get("attrs", {}),
+                    tuple(entry.get("absent", ())),
+                    bool(entry.get("nonempty", False)),
+                ),
+            )
+        )
+    return tuple(rules)
+
+
+class _NodeCheck:
+    """What OpRule's own fields do not cover: tensor-only inputs and outputs, output dtypes,
+    attribute values, inputs that must be left out, and zero-size inputs."""
+
+    def __init__(
+        self,
+        outputs: Mapping[int, frozenset[str]],
+        attrs: Mapping[str, Mapping[str, Any]],
+        absent: tuple[int, ...],
+        nonempty: bool,
+    ) -> None:
+        self.outputs = outputs
+        self.attrs = attrs
+        self.absent = absent
+        self.nonempty = nonempty
+
+    def __call__(self, node: ir.Node) -> bool | str:
+        for kind, values in (("input", node.inputs), ("output", node.outputs)):
+            for i, value in enumerate(values):
+                # OpenVINO's Python API exchanges tensors only: no sequences or optionals.
+                if value is not None and not isinstance(value.type, (ir.TensorType, type(None))):
+                    return f"{kind} {i} is a {value.type}, not a tensor"
+        for i, value in enumerate(node.outputs):
+            allowed = self.outputs.get(i)
+            if allowed is not None and value.dtype is not None:
+                name = dtype_name(value.dtype)
+                if name not in allowed:
+                    return f"output {i} has dtype {name}; supported: {', '.join(sorted(allowed))}"
+        for i in self.absent:
+            present = node.inputs[i] if i < len(node.inputs) else None
+            if present is not None:
+                return f"input {i} ({present.name}) is not supported; it must be left out"
+        if self.nonempty:
+            for i, value in enumerate(node.inputs):
+                if value is not None and value.shape is not None and 0 in value.shape:
+                    return f"input {i} is empty (a zero-size dim): OpenVINO's result differs"
+        for name, limit in self.attrs.items():
+            attr = node.attributes.get(name)
+            raw: Any = limit.get("default") if attr is None else attr.value
+            setting = tuple(raw) if isinstance(raw, Sequence) and not isinstance(raw, str) else raw
+            if "allow" in limit and setting not in limit["allow"]:
+                return f"attribute {name}={setting!r} is not supported (supported: {list(limit['allow'])})"
+            if setting in limit.get("deny", ()):
+                return f"attribute {name}={setting!r} is not supported"
+        return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading models
+
+
+class _ModelSource:
+    """What ``Core.read_model`` reads for a spec: its file, the model's bytes, or a temporary file
+    for models beyond protobuf's 2 GiB (kept until the model is compiled)."""
+
+    def __init__(self, spec: CompileSpec) -> None:
+        self.spec = spec
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+
+    def __enter__(self) -> str | bytes:
+        if self.spec.source_path is not None:
+            return str(self.spec.source_path)
+        model = self.spec.model
+        if _weight_bytes(model) <= _INLINE_LIMIT:
+            return _model_bytes(model)
+        self._tmp = tempfile.TemporaryDirectory(prefix="ferry-openvino-")
+        path = Path(self._tmp.name) / "model.onnx"
+        ir.save(model, path, external_data="model.onnx.data")
+        return str(path)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+
+def _weight_bytes(model: ir.Model) -> int:
+    return sum(
+        v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None
+    )
+
+
+def _model_bytes(model: ir.Model) -> bytes:
+    proto = ir.to_proto(model)
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer):
+        # References to files relative to an unknown folder: read the bytes in.
+        proto = ir.to_proto(ir.external_data.load_to_model(model.clone()))
+    return bytes(proto.SerializeToString())
+
+
+def _candidate_model(model: ir.Model, nodes: Sequence[str]) -> ir.Model | None:
+    """``nodes`` of ``model`` as a model of their own (as ``ferry.runtime.lower`` cuts partitions):
+    what they read from other nodes becomes inputs, what others or the graph read becomes outputs.
+    None when it cannot be cut (a subgraph reading outer values): then the whole model is asked.
+    """
+    from ferry.backends.rules import is_constant
+    from ferry.runtime.lower import partition_model
+    from ferry.runtime.plan import Partition
+
+    wanted = set(nodes)
+    inside = [node for node in model.graph if node.name in wanted]
+    if not inside:
+        return None
+    members = set(inside)
+    graph_outputs = set(model.graph.outputs)
+    inputs: dict[str, None] = {}
+    outputs: dict[str, None] = {}
+    for node in inside:
+        for value in node.inputs:
+            if value is None or value.producer() in members or value.name in inputs:
+                continue
+            if value.is_initializer() or is_constant(value):
+                continue  # carried along as a weight
+            inputs[value.name or ""] = None
+        for value in node.outputs:
+            users = {use.node for use in value.uses()}
+            if value in graph_outputs or not users or users - members:
+                outputs[value.name or ""] = None
+    partition = Partition(
+        "openvino", tuple(n.name or "" for n in inside), tuple(inputs), tuple(outputs)
+    )
+    try:
+        return partition_model(model, partition)
+    except FerryError as e:
+        logger.debug("openvino: asking about the whole model: %s", e)
+        return None
+
+
+def _convert_partially(model: ir.Model) -> tuple[Any, list[tuple[Any, str]]]:
+    """The model as OpenVINO sees it, with a reason for each op its frontend could not convert."""
+    frontend = _onnx_frontend()
+    data = _model_bytes(model) if _weight_bytes(model) <= _INLINE_LIMIT else None
+    if data is None:
+        with tempfile.TemporaryDirectory(prefix="ferry-openvino-") as tmp:
+            path = Path(tmp) / "model.onnx"
+            ir.save(model, path, external_data="model.onnx.data")
+            input_model = frontend.load(str(path))
+            ov_model = frontend.convert_partially(input_model)
+    else:
+        input_model = frontend.load(io.BytesIO(data))
+        ov_model = frontend.convert_partially(input_model)
+    placeholders = [op for op in ov_model.get_ordered_ops() if _is_placeholder(op)]
+    if not placeholders:
+        return ov_model, []
+    why = ""
+    try:  # a full conversion raises with the frontend's explanation of every failure
+        frontend.convert(input_model if data is None else frontend.load(io.BytesIO(data)))
+    except Exception as e:
+        why = str(e)
+    found = []
+    for op in placeholders:
+        attrs = op.get_attributes()
+        domain = str(attrs.get("ONNX_META_domain", ""))
+        op_type = str(attrs.get("ONNX_META_type", op.get_type_name()))
+        found.append((op, _unconverted_reason(domain, op_type, why)))
+    return ov_model, found
+
+
+def _is_placeholder(op: Any) -> bool:
+    # The frontend stands NotSupportedONNXNode (or ONNXFrameworkNode) in for what it cannot convert.
+    name = str(op.get_type_name())
+    return "NotSupported" in name or "FrameworkNode" in name
+
+
+def _unconverted_reason(domain: str, op_type: str, message: str) -> str:
+    full = op_type if domain in ("", "ai.onnx") else f"{domain}.{op_type}"
+    rule_line = re.search(r"No conversion rule found for operations:([^\n]*)", message)
+    if rule_line and full in rule_line.group(1):
+        return f"OpenVINO's ONNX frontend has no conversion for {full}"
+    detail = ""
+    for line in message.splitlines():
+        # "Conversion is failed for: Cast-28" is followed by the translator's message.
+        if "Unsupported" in line or "failed" in line.lower():
+            detail = line.strip()
+    if detail:
+        return f"OpenVINO's ONNX frontend failed to convert {full}: {detail[:300]}"
+    return f"OpenVINO's ONNX frontend failed to convert {full}"
+
+
+def _cut_out(ops: Iterable[Any], model: ir.Model, ov_model: Any) -> Any:
+    """``ov_model`` with each of ``ops``' results fed by a new Parameter instead (typed from the
+    ONNX value where OpenVINO does not know), so that the rest can be queried without them."""
+    import openvino as ov
+    from openvino import opset13
+
+    values = {v.name: v for v in _all_values(model)}
+    new_params = []
+    for op in ops:
+        for output in op.outputs():
+            if not output.get_target_inputs():
+                continue
+            element_type = output.get_element_type()
+            shape = output.get_partial_shape()
+            value = next((values[n] for n in output.get_names() if n in values), None)
+            if value is not None and value.dtype is not None and element_type.is_dynamic():
+                element_type = ov.Type(np.dtype(value.dtype.numpy()))
+            if value is not None and value.shape is not None and shape.rank.is_dynamic:
+                shape = ov.PartialShape([d if isinstance(d, int) else -1 for d in value.shape])
+            param = opset13.parameter(shape, element_type)
+            for target in list(output.get_target_inputs()):
+                target.replace_source_output(param.output(0))
+            new_params.append(param)
+    ov_model.add_parameters(new_params)
+    ov_model.validate_nodes_and_infer_types()
+    return ov_model
+
+
+def _all_values(model: ir.Model) -> Iterable[ir.Value]:
+    yield from model.graph.inputs
+    for node in model.graph:
+        yield from node.outputs
+
+
+class _OwnerMap:
+    """Maps OpenVINO ops (of a model converted from ``model``) to the ONNX node names they came from."""
+
+    def __init__(self, model: ir.Model, ov_model: Any) -> None:
+        self._node_names = {node.name for node in model.graph if node.name}
+        self._producer = {
+            out.name: node.name for node in model.graph for out in node.outputs if node.name
+        }
+        self._ops = {op.get_friendly_name(): op for op in ov_model.get_ordered_ops()}
+        self._cache: dict[str, frozenset[str]] = {}
+
+    def direct(self, op: Any) -> str | None:
+        """The ONNX node whose output ``op`` produces, or that ``op`` is named after."""
+        for output in op.outputs():
+            for tensor in output.get_names():
+                if tensor in self._producer:
+                    return self._producer[tensor]
+        name = op.get_friendly_name()
+        return name if name in self._node_names else None
+
+    def of(self, op: Any) -> frozenset[str]:
+        """The ONNX node(s) ``op`` belongs to: its own, or, for an op in the middle of a
+        decomposition, the nearest named ops its results reach (breadth first)."""
+        key = op.get_friendly_name()
+        if key in self._cache:
+            return self._cache[key]
+        own = self.direct(op)
+        found: set[str] = set()
+        if own is not None:
+            found.add(own)
+        else:
+            seen = {key}
+            frontier = [op]
+            while frontier and not found:
+                following = []
+                for current in frontier:
+                    for output in current.outputs():
+                        for target in output.get_target_inputs():
+                            nxt = target.get_node()
+                            name = nxt.get_friendly_name()
+                            if name in seen or nxt.get_type_name() == "Result":
+                                continue
+                            seen.add(name)
+                            owner = self.direct(nxt)
+                            if owner is not None:
+                                found.add(owner)
+                            else:
+                                following.append(nxt)
+                frontier = following
+        result = frozenset(found)
+        self._cache[key] = result
+        return result
+
+    def named_in(self, message: str) -> list[Any]:
+        """Ops whose names appear in an OpenVINO error message (delimited, as OpenVINO quotes them)."""
+        found = []
+        for name, op in self._ops.items():
+            if op.get_type_name() in _STRUCTURAL or not name:
+                continue
+            if re.search(rf"(?<![\w/.-]){re.escape(name)}(?![\w/.-])", message):
+                found.append(op)
+        return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Ports
+
+
+def _match_ports(values: Sequence[ir.Value], ports: Sequence[Any], kind: str) -> dict[int, str]:
+    """Which ONNX value each OpenVINO port carries: by tensor name, else by type, in order.
+
+    OpenVINO keeps ONNX names on ports, with one exception: when a graph input is passed straight
+    to an output (Identity, Dropout in inference), the input's port takes the output's name, and
+    inputs left unused are dropped. Ports no name matches are paired, in order, with the values no
+    port matched whose element type and rank fit; when that is ambiguous, nothing is guessed.
+    """
+    index: dict[int, str] = {}
+    taken: set[str] = set()
+    for i, port in enumerate(ports):
+        port_names = port.get_names()
+        for value in values:
+            name = value.name or ""
+            if name in port_names and name not in taken:
+                index[i] = name
+                taken.add(name)
+                break
+    spare = [v for v in values if (v.name or "") not in taken]
+    for i, port in enumerate(ports):
+        if i in index:
+            continue
+        fitting = [v for v in spare if _port_fits(port, v)]
+        if len(spare) != 1 and len(fitting) != 1:
+            raise ModelLoadError(
+                f"cannot tell which ONNX {kind} OpenVINO's {kind} {sorted(port.get_names())} "
+                f"stands for; unmatched ONNX {kind}s: {[v.name for v in spare]}"
+            )
+        chosen = spare[0] if len(spare) == 1 else fitting[0]
+        index[i] = chosen.name or ""
+        # Values before the chosen one can no longer pair with a later port: order is kept.
+        spare = spare[spare.index(chosen) + 1 :]
+    return index
+
+
+def _port_fits(port: Any, value: ir.Value) -> bool:
+    """Whether an OpenVINO port could carry ``value``: same element type and rank, when known."""
+    if value.dtype is not None:
+        try:
+            if port.get_element_type().to_dtype() != np.dtype(value.dtype.numpy()):
+                return False
+        except (TypeError, ValueError, RuntimeError):
+            pass  # a type one side cannot express in numpy: do not rule it out on that
+    rank = port.get_partial_shape().rank
+    return value.shape is None or rank.is_dynamic or rank.get_length() == len(value.shape)
+
+
+def _type_name(value: Any) -> str:
+    """OpenVINO's short name for an element type (``f32``), from a Type or its string."""
+    name = getattr(value, "get_type_name", None)
+    if callable(name):
+        return str(name())
+    return str(value)
+
+
+def _first_line(e: BaseException) -> str:
+    """The useful part of an OpenVINO exception: its C++ messages are prefixed with source paths."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    useful = [
+        line
+        for line in lines
+        if not line.startswith(("Exception from", "Check '")) and "src/" not in line[:60]
+    ]
+    text = (useful or lines or [type(e).__name__])[0]
+    return text[:500]
