@@ -26,3 +26,9 @@ def save(tmp_path: Path):
 @pytest.fixture
 def mlp_path(save) -> Path:
     return save(models.mlp(), "mlp.onnx")
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Engine and auto-choice caches go to a folder of this test run, never the user's ~/.cache."""
+    monkeypatch.setenv("FERRY_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "ferry-cache"))

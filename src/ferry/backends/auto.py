@@ -193,11 +193,7 @@ def _add(out: list[Candidate], seen: set[str], candidate: Candidate) -> None:
 
 
 def _with_options(plan: Plan, backend: str, options: dict[str, Any]) -> Plan:
-    parts = tuple(
-        dataclasses.replace(p, options={**p.options, **options}) if p.backend == backend else p
-        for p in plan.partitions
-    )
-    return dataclasses.replace(plan, partitions=parts)
+    return plan.with_options({backend: options})
 
 
 def _plan_signature(plan: Plan) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,16 @@ class Plan:
             raise ValueError("every node and value needs a name before a plan can refer to it")
         part = Partition(backend, nodes, inputs, outputs, dict(options or {}))
         return cls((part,), inputs, outputs)
+
+    def with_options(self, options: Mapping[str, Mapping[str, Any]]) -> Plan:
+        """This plan with ``options[backend]`` merged over each of that backend's partitions'."""
+        parts = tuple(
+            dataclasses.replace(p, options={**p.options, **options[p.backend]})
+            if p.backend in options
+            else p
+            for p in self.partitions
+        )
+        return dataclasses.replace(self, partitions=parts)
 
     @property
     def backends(self) -> list[str]:

@@ -35,6 +35,9 @@ __all__ = ["Session", "backend_names", "load"]
 logger = logging.getLogger(__name__)
 
 DEFAULT_BACKENDS = ("onnxruntime",)
+#: Seconds ``backends="auto"`` spends timing candidates when ``ferry.load`` asks it (the choice is
+#: then cached per model and machine; ``ferry plan --backends auto --budget S`` measures longer).
+AUTO_BUDGET_S = 5.0
 
 
 def load(
@@ -44,16 +47,22 @@ def load(
     threads: int | None = None,
     plan: Plan | None = None,
     cache_dir: str | os.PathLike[str] | Literal[False] | None = None,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Session:
     """Load a model and make it ready to run.
 
     Args:
         source: an ``.onnx`` file, a ferry artifact folder, an ``onnx_ir.Model`` or an
             ``onnx.ModelProto``. The source is never modified.
-        backends: backend names in priority order (``"onnxruntime"`` or ``["onnxruntime"]``);
-            None means ONNX Runtime on the CPU.
+        backends: backend names in priority order (``"openvino,onnxruntime"`` or
+            ``["openvino", "onnxruntime"]``); None means ONNX Runtime on the CPU. With more than
+            ONNX Runtime, the graph is partitioned: each engine takes the nodes it supports, in
+            this order, and ONNX Runtime runs the rest. ``"auto"`` measures candidate plans on
+            this machine and runs the fastest correct one (the choice is cached per model).
         threads: intra-op threads per engine; None lets each engine choose (all cores).
-        plan: run this plan instead of placing the whole graph on the first backend.
+        plan: run this plan (``ferry plan -o``) instead of partitioning.
+        options: per-backend compile options, e.g. ``{"openvino": {"precision": "bf16"}}``,
+            merged over the plan's own.
         cache_dir: where compiled engines are kept between runs: None for the default
             (``$FERRY_CACHE_DIR``, else ``~/.cache/ferry``), a folder, or False for no cache.
             Only backends that build a storable engine use it; ONNX Runtime does not.
@@ -65,7 +74,8 @@ def load(
         raise InvalidInputError(f"threads must be a positive integer, got {threads!r}")
     names = backend_names(backends)
     for name in names:
-        get_backend(name)  # fail early, naming the missing engine
+        if name != "auto":
+            get_backend(name)  # fail early, naming the missing engine
     model = load_model(source)
     # Engines may read the file itself only when it is what we were given: an in-memory model
     # loaded from a file may have been changed since.
@@ -74,8 +84,27 @@ def load(
     work = model.clone()
     NameFixPass()(work)
     if plan is None:
-        plan = Plan.whole_graph(work, names[0])
+        plan = default_plan(work, names, threads=threads)
+    if options:
+        plan = plan.with_options(options)
     return Session(work, plan, threads=threads, source_path=source_path, cache_dir=cache_dir)
+
+
+def default_plan(model: ir.Model, names: Sequence[str], *, threads: int | None = None) -> Plan:
+    """The plan ``ferry.load`` runs for ``backends=names`` on ``model`` (nodes named).
+
+    ONNX Runtime alone runs the whole graph; ``["auto"]`` is the measured choice; any other list
+    is partitioned in priority order with ONNX Runtime taking what no engine supports.
+    """
+    if list(names) == ["auto"]:
+        from ferry.backends.auto import choose_plan
+
+        return choose_plan(model, threads=threads, budget_s=AUTO_BUDGET_S).plan
+    if list(names) == [DEFAULT_BACKENDS[0]]:
+        return Plan.whole_graph(model, names[0])
+    from ferry.backends.partition import partition
+
+    return partition(model, list(names))
 
 
 def backend_names(backends: str | Sequence[str] | None) -> list[str]:
@@ -87,6 +116,10 @@ def backend_names(backends: str | Sequence[str] | None) -> list[str]:
         names = [str(b) for b in backends]
     if not names:
         raise InvalidInputError("backends is empty; name at least one, e.g. 'onnxruntime'")
+    if "auto" in names and names != ["auto"]:
+        raise InvalidInputError(
+            f"backends={names}: 'auto' picks the engines itself; give it alone, or list engines"
+        )
     return names
 
 

@@ -1,0 +1,88 @@
+"""A simulated "Acme NPU" adapter for ferry, discovered through the ``ferry.backends`` entry point."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+from ferry.backends.api import CompileSpec
+from ferry.backends.rules import OpRule
+
+__all__ = ["AcmeNpuBackend", "AcmeNpuPartition"]
+
+#: What the "NPU" stores as its compiled form: a header, then the partition's ONNX bytes.
+MAGIC = b"ACME-NPU-1\n"
+
+_F32 = frozenset({"float32"})
+
+
+class AcmeNpuPartition:
+    """One partition "on the NPU" (ONNX Runtime on one CPU thread stands in for the chip)."""
+
+    def __init__(self, model_bytes: bytes) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        self._bytes = model_bytes
+        self._session = ort.InferenceSession(
+            model_bytes, options, providers=["CPUExecutionProvider"]
+        )
+        self._outputs = [o.name for o in self._session.get_outputs()]
+
+    def run(
+        self, inputs: dict[str, np.ndarray], outputs: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        names = list(outputs) if outputs is not None else self._outputs
+        return dict(zip(names, self._session.run(names, inputs)))
+
+    def serialize(self) -> bytes:
+        return MAGIC + self._bytes
+
+
+class AcmeNpuBackend:
+    """The adapter: what the NPU runs, how to build for it, how to reload a built partition."""
+
+    name = "acme_npu"
+    device = "npu"
+    precisions: tuple[str, ...] = ("fp32",)
+    install_hint = "pip install ferry-acme-npu"
+
+    @property
+    def version(self) -> str:
+        return "0.1.0"
+
+    def available(self) -> bool:
+        return True
+
+    def rules(self) -> Sequence[OpRule]:
+        return [
+            OpRule("Conv", dtypes={0: _F32}, const_inputs=(1, 2), max_rank=4),
+            OpRule("Relu", dtypes={0: _F32}, max_rank=4),
+            OpRule("MaxPool", dtypes={0: _F32}, max_rank=4),
+            OpRule("Add", dtypes={0: _F32, 1: _F32}, max_rank=4),
+            OpRule("Gemm", dtypes={0: _F32}, const_inputs=(1, 2)),
+            OpRule("Flatten", dtypes={0: _F32}, max_rank=4),
+        ]
+
+    def validate(self, model: ir.Model, nodes: Sequence[str]) -> dict[str, str]:
+        by_name = {node.name: node for node in model.graph}
+        rejected = {}
+        for name in nodes:
+            node = by_name.get(name)
+            if node is None or node.op_type != "Conv":
+                continue
+            group = node.attributes.get("group")
+            if group is not None and group.as_int() > 1:
+                rejected[name] = "Acme NPU SDK: grouped (depthwise) convolution is not supported"
+        return rejected
+
+    def compile(self, spec: CompileSpec) -> AcmeNpuPartition:
+        return AcmeNpuPartition(ir.to_proto(spec.model).SerializeToString())
+
+    def load(self, blob: bytes, spec: CompileSpec) -> AcmeNpuPartition:
+        if not blob.startswith(MAGIC):
+            raise ValueError("not an Acme NPU engine")
+        return AcmeNpuPartition(blob[len(MAGIC) :])

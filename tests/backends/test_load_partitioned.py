@@ -1,0 +1,241 @@
+"""``ferry.load(model, backends=[...])`` and ``backends="auto"`` on real exported models.
+
+CNNs and a transformer block from the zoo, and a small SSD-style detector exported from PyTorch
+with ONNX post-processing (NonMaxSuppression, GatherND: data-dependent output shapes). Each runs
+partitioned across OpenVINO and ONNX Runtime, split further by force, and through ``auto``, and
+must match ONNX Runtime on the unpartitioned model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import ferry
+from ferry.backends import get_backend
+from ferry.backends.partition import partition
+from ferry.errors import InvalidInputError
+from ferry.graph import named_copy
+
+pytestmark = pytest.mark.torch
+
+
+def openvino_available() -> bool:
+    try:
+        return get_backend("openvino").available()
+    except Exception:
+        return False
+
+
+needs_openvino = pytest.mark.skipif(not openvino_available(), reason="openvino is not installed")
+
+
+def tiny_detector() -> ir.Model:
+    """A small SSD-style detector: conv backbone, box and class heads over 8x8 anchors decoded to
+    corner boxes, then NonMaxSuppression and a GatherND of the kept boxes (dynamic batch)."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    anchors_per_cell, classes, cells = 2, 3, 8
+
+    class Detector(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.backbone = nn.Sequential(
+                nn.Conv2d(3, 16, 3, stride=2, padding=1),
+                nn.BatchNorm2d(16),
+                nn.ReLU(),
+                nn.Conv2d(16, 32, 3, stride=2, padding=1),
+                nn.ReLU(),
+            )
+            self.box_head = nn.Conv2d(32, anchors_per_cell * 4, 1)
+            self.cls_head = nn.Conv2d(32, anchors_per_cell * classes, 1)
+            ys, xs = torch.meshgrid(torch.arange(cells), torch.arange(cells), indexing="ij")
+            centers = torch.stack([(xs + 0.5) / cells, (ys + 0.5) / cells], -1).reshape(-1, 1, 2)
+            sizes = torch.tensor([[0.2, 0.2], [0.35, 0.15]])
+            self.register_buffer("centers", centers.expand(-1, anchors_per_cell, 2).reshape(-1, 2))
+            self.register_buffer("sizes", sizes.repeat(cells * cells, 1))
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            features = self.backbone(x)
+            n = x.shape[0]
+            deltas = self.box_head(features).permute(0, 2, 3, 1).reshape(n, -1, 4)
+            logits = self.cls_head(features).permute(0, 2, 3, 1).reshape(n, -1, classes)
+            center = self.centers + 0.1 * deltas[..., :2] * self.sizes
+            size = self.sizes * torch.exp(0.2 * deltas[..., 2:])
+            boxes = torch.cat([center - size / 2, center + size / 2], -1)  # x1, y1, x2, y2
+            return boxes, torch.sigmoid(logits).transpose(1, 2)  # scores [N, C, A]
+
+    module = Detector().eval()
+    x = torch.randn(2, 3, 32, 32)
+    program = torch.onnx.export(
+        module,
+        (x,),
+        dynamo=True,
+        input_names=["image"],
+        output_names=["boxes", "scores"],
+        dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=64)},),
+        opset_version=18,
+    )
+    assert program is not None
+    proto = program.model_proto
+    # Post-processing as detectors ship it: NMS, then the kept boxes.
+    graph = proto.graph
+    graph.initializer.extend(
+        [
+            helper.make_tensor("max_per_class", TensorProto.INT64, [1], [5]),
+            helper.make_tensor("iou", TensorProto.FLOAT, [1], [0.5]),
+            helper.make_tensor("score_min", TensorProto.FLOAT, [1], [0.3]),
+            helper.make_tensor("pick", TensorProto.INT64, [2], [0, 2]),
+        ]
+    )
+    graph.node.extend(
+        [
+            helper.make_node(
+                "NonMaxSuppression",
+                ["boxes", "scores", "max_per_class", "iou", "score_min"],
+                ["selected"],
+                name="nms",
+            ),
+            helper.make_node("Gather", ["selected", "pick"], ["box_index"], name="pick", axis=1),
+            helper.make_node("GatherND", ["boxes", "box_index"], ["kept_boxes"], name="kept"),
+        ]
+    )
+    del graph.output[:]
+    graph.output.extend(
+        [
+            helper.make_tensor_value_info("selected", TensorProto.INT64, ["k", 3]),
+            helper.make_tensor_value_info("kept_boxes", TensorProto.FLOAT, ["k", 4]),
+            helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", classes, 128]),
+        ]
+    )
+    onnx.checker.check_model(proto)
+    return named_copy(ir.from_proto(proto))
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[str, ir.Model]:
+    from ferry import zoo
+
+    built = {name: named_copy(zoo.build(name)) for name in ("digits_cnn", "mobilenet_v2")}
+    built["transformer_block"] = named_copy(zoo.build("transformer_block"))
+    built["detector"] = tiny_detector()
+    return built
+
+
+def feeds_for(name: str, batch: int) -> dict[str, np.ndarray]:
+    from ferry import zoo
+
+    if name == "detector":
+        rng = np.random.default_rng(batch)
+        return {"image": rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)}
+    return zoo.example_inputs(name, batch=batch, seed=batch)
+
+
+def ort_outputs(model: ir.Model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    session = ort.InferenceSession(
+        ir.to_proto(model).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds)))
+
+
+def assert_matches(got: dict[str, Any], want: dict[str, np.ndarray]) -> None:
+    assert set(got) == set(want)
+    for name, expected in want.items():
+        if expected.dtype.kind in "iub":
+            np.testing.assert_array_equal(got[name], expected, err_msg=name)
+        else:
+            np.testing.assert_allclose(got[name], expected, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+NAMES = ["digits_cnn", "mobilenet_v2", "transformer_block", "detector"]
+
+
+@needs_openvino
+@pytest.mark.parametrize("name", NAMES)
+def test_openvino_then_onnxruntime(models: dict[str, ir.Model], name: str) -> None:
+    model = models[name]
+    session = ferry.load(model, backends=["openvino", "onnxruntime"], cache_dir=False)
+    assert "openvino" in session.plan.backends  # the engine really took part of the graph
+    for batch in (1, 3):
+        feeds = feeds_for(name, batch)
+        assert_matches(session.run(feeds), ort_outputs(model, feeds))
+
+
+@needs_openvino
+@pytest.mark.parametrize(
+    ("name", "force"),
+    [
+        ("digits_cnn", ["Relu"]),
+        ("mobilenet_v2", ["Add"]),
+        ("transformer_block", ["Softmax"]),
+        ("detector", ["Sigmoid", "NonMaxSuppression"]),
+    ],
+)
+def test_forced_split_gives_several_partitions_and_the_same_outputs(
+    models: dict[str, ir.Model], name: str, force: list[str]
+) -> None:
+    model = models[name]
+    plan = partition(model, ["openvino"], force_cpu=force, min_partition_size=1)
+    backends = [p.backend for p in plan.partitions]
+    assert len(plan.partitions) >= 3 and {"openvino", "onnxruntime"} <= set(backends), backends
+    session = ferry.load(model, plan=plan, cache_dir=False)
+    feeds = feeds_for(name, 2)
+    assert_matches(session.run(feeds), ort_outputs(model, feeds))
+
+
+def test_detector_on_onnxruntime_alone(models: dict[str, ir.Model]) -> None:
+    model = models["detector"]
+    session = ferry.load(model)
+    feeds = feeds_for("detector", 2)
+    got, want = session.run(feeds), ort_outputs(model, feeds)
+    assert_matches(got, want)
+    assert got["selected"].shape[0] > 0  # the thresholds keep some boxes: NMS is exercised
+
+
+@pytest.mark.parametrize("name", ["digits_cnn", "detector"])
+def test_auto_runs_the_choice_correctly_and_caches_it(
+    models: dict[str, ir.Model], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ferry.runtime import session as session_mod
+
+    monkeypatch.setattr(session_mod, "AUTO_BUDGET_S", 0.3)
+    model = models[name]
+    first = ferry.load(model, backends="auto", cache_dir=False)
+    feeds = feeds_for(name, 2)
+    assert_matches(first.run(feeds), ort_outputs(model, feeds))
+    # The second load reuses the cached choice: the same plan, without measuring again.
+    from ferry.backends import auto
+
+    monkeypatch.setattr(auto, "_candidates", _no_candidates)
+    second = ferry.load(model, backends="auto", cache_dir=False)
+    assert second.plan == first.plan
+
+
+def _no_candidates(*args: object) -> list[object]:
+    raise AssertionError("auto measured again instead of using its cached choice")
+
+
+def test_auto_cannot_be_combined_with_engines(models: dict[str, ir.Model]) -> None:
+    with pytest.raises(InvalidInputError, match="'auto' picks the engines itself"):
+        ferry.load(models["digits_cnn"], backends=["auto", "onnxruntime"])
+
+
+@needs_openvino
+def test_per_backend_options_reach_the_engine(models: dict[str, ir.Model]) -> None:
+    model = models["digits_cnn"]
+    session = ferry.load(
+        model, backends="openvino", options={"openvino": {"threads": 1}}, cache_dir=False
+    )
+    parts = [p for p in session.plan.partitions if p.backend == "openvino"]
+    assert parts and all(p.options["threads"] == 1 for p in parts)
+    feeds = feeds_for("digits_cnn", 2)
+    assert_matches(session.run(feeds), ort_outputs(model, feeds))

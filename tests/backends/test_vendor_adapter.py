@@ -1,0 +1,86 @@
+"""A vendor adapter shipped as its own package (``examples/vendor_adapter``, installed into the test
+environment by ``scripts/setup.sh``) is found through the ``ferry.backends`` entry point and takes
+exactly the nodes its rules and its SDK's veto allow."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+
+import ferry
+from ferry.backends import ENTRY_POINT_GROUP, get_backend, known_backends
+from ferry.backends.partition import explain
+
+pytestmark = pytest.mark.torch
+
+try:
+    importlib.metadata.distribution("ferry-acme-npu")
+except importlib.metadata.PackageNotFoundError:  # pragma: no cover - setup.sh installs it
+    pytest.skip(
+        "the example adapter is not installed: pip install -e examples/vendor_adapter",
+        allow_module_level=True,
+    )
+
+
+def test_the_entry_point_registers_the_adapter() -> None:
+    points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    assert "acme_npu" in {ep.name for ep in points}
+    assert "acme_npu" in known_backends()
+    backend = get_backend("acme_npu")
+    assert type(backend).__module__ == "ferry_acme_npu"  # ferry's own code knows nothing of it
+    assert backend.device == "npu" and backend.available()
+
+
+def ort_outputs(model: ir.Model, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    session = ort.InferenceSession(
+        ir.to_proto(model).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    return session.run(None, feeds)
+
+
+@pytest.mark.parametrize("name", ["digits_cnn", "mobilenet_v2"])
+def test_partitioned_by_rules_and_veto_and_correct(name: str, tmp_path: Path) -> None:
+    from ferry import zoo
+
+    model = zoo.build(name)
+    report = explain(model, ["acme_npu"])
+    groups = _groups(model)
+    on_npu = {v.node for v in report.nodes if v.backend == "acme_npu"}
+    assert on_npu, "the NPU took nothing"
+    for v in report.nodes:
+        if v.backend == "acme_npu":
+            assert v.op_type in {"Conv", "Relu", "MaxPool", "Add", "Gemm", "Flatten"}
+        if v.op_type == "Conv" and groups.get(v.node, 1) > 1:
+            # The rules claim every float Conv; the SDK's veto refuses the grouped ones.
+            assert v.backend == "onnxruntime"
+            assert "grouped (depthwise)" in v.reasons["acme_npu"]
+    if name == "mobilenet_v2":
+        assert any("grouped (depthwise)" in r for v in report.nodes for r in v.reasons.values())
+
+    cache = tmp_path / "cache"
+    feeds = zoo.example_inputs(name, batch=3)
+    want = ort_outputs(model, feeds)
+    cold = ferry.load(model, backends="acme_npu", cache_dir=cache)
+    assert "acme_npu" in cold.plan.backends and "compiled" in cold.engine_origins
+    warm = ferry.load(model, backends="acme_npu", cache_dir=cache)
+    assert "loaded" in warm.engine_origins and "compiled" not in warm.engine_origins
+    for session in (cold, warm):
+        got = session.run(feeds)
+        np.testing.assert_allclose(next(iter(got.values())), want[0], rtol=1e-4, atol=1e-5)
+
+
+def _groups(model: ir.Model) -> dict[str, int]:
+    """Each Conv's ``group`` by node name, as the partitioner names the nodes."""
+    from ferry.graph import named_copy
+
+    named = named_copy(model)
+    return {
+        node.name or "": node.attributes["group"].as_int() if "group" in node.attributes else 1
+        for node in named.graph
+        if node.op_type == "Conv"
+    }
