@@ -58,12 +58,20 @@ class PartitionCheck:
 def all_values(model: ir.Model, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Every value of the top-level graph, computed by ONNX Runtime on the whole model."""
     import ferry
+    from ferry.graph import infer_value_types
 
     probe = model.clone()
+    # Outputs need a type; take shape inference's where the model declares none.
+    inferred = infer_value_types(probe)
     known = {v.name for v in probe.graph.outputs}
     for node in probe.graph:
         for value in node.outputs:
-            if value.name and value.name not in known and value.dtype is not None:
+            if not value.name or value.name in known:
+                continue
+            dtype, _ = inferred.get(value.name, (None, None))
+            if value.dtype is None and dtype is not None:
+                value.dtype = ir.DataType.from_numpy(np.dtype(dtype))
+            if value.dtype is not None:
                 probe.graph.outputs.append(value)
                 known.add(value.name)
     session = ferry.load(probe)
@@ -140,8 +148,11 @@ def _check_partition(
     return PartitionCheck(index, partition.backend, len(partition.nodes), report.outputs)
 
 
-def _prefix(model: ir.Model, partition: Partition, count: int) -> Partition:
-    """The partition cut to its first ``count`` nodes, giving every value those nodes produce."""
+def _prefix(
+    model: ir.Model, partition: Partition, count: int, reference: Mapping[str, np.ndarray]
+) -> Partition:
+    """The partition cut to its first ``count`` nodes, giving every tensor those nodes produce
+    (those ONNX Runtime computed in ``reference``: types need not be declared in the model)."""
     names = set(partition.nodes[:count])
     nodes = [n for n in model.graph if n.name in names]
     produced = {v.name for n in nodes for v in n.outputs if v.name}
@@ -153,7 +164,7 @@ def _prefix(model: ir.Model, partition: Partition, count: int) -> Partition:
             if value.const_value is not None or value.name in inputs:
                 continue
             inputs.append(value.name)
-    outputs = [v.name for n in nodes for v in n.outputs if v.name and v.dtype is not None]
+    outputs = [v.name for n in nodes for v in n.outputs if v.name and v.name in reference]
     return Partition(
         partition.backend,
         tuple(partition.nodes[:count]),
@@ -171,7 +182,7 @@ def _bisect(
     options: dict[str, Any],
 ) -> str | None:
     def diverges(count: int) -> bool:
-        cut = _prefix(model, partition, count)
+        cut = _prefix(model, partition, count, reference)
         try:
             got = _run_partition(model, cut, reference, options)
         except FerryError:

@@ -1,0 +1,186 @@
+"""``ferry plan``: partitions, verdicts, JSON, saving, --verify with bisection, auto, errors."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+
+import ferry
+import ferry.backends
+import models
+from ferry.backends.api import CompileSpec
+from ferry.backends.rules import OpRule
+from ferry.cli.main import cli
+from ferry.runtime import Plan
+
+
+def ferry_cli(*args: str | Path) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+class _Partition:
+    def __init__(self, proto: onnx.ModelProto) -> None:
+        self.session = ort.InferenceSession(
+            proto.SerializeToString(), providers=["CPUExecutionProvider"]
+        )
+
+    def run(
+        self, inputs: dict[str, np.ndarray], outputs: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        names = list(outputs or [o.name for o in self.session.get_outputs()])
+        return dict(zip(names, self.session.run(names, inputs)))
+
+    def serialize(self) -> bytes:
+        return b""
+
+
+class WrongRelu:
+    """An engine with a bug: it claims every standard op and computes Relu as Sigmoid."""
+
+    name = "wrongrelu"
+    device = "cpu"
+    version = "1.0"
+    precisions: tuple[str, ...] = ("fp32",)
+    install_hint = "nothing to install"
+
+    def available(self) -> bool:
+        return True
+
+    def rules(self) -> list[OpRule]:
+        return [OpRule(s.name) for s in onnx.defs.get_all_schemas() if s.domain == ""]
+
+    def validate(self, model: ir.Model, nodes: Sequence[str]) -> dict[str, str]:
+        return {}
+
+    def compile(self, spec: CompileSpec) -> _Partition:
+        proto = ir.to_proto(spec.model)
+        for node in proto.graph.node:
+            if node.op_type == "Relu":
+                node.op_type = "Sigmoid"
+        return _Partition(proto)
+
+    def load(self, blob: bytes, spec: CompileSpec) -> _Partition:
+        return self.compile(spec)
+
+
+@pytest.fixture
+def wrong(monkeypatch: pytest.MonkeyPatch) -> WrongRelu:
+    backend = WrongRelu()
+    monkeypatch.setitem(ferry.backends._instances, "wrongrelu", backend)
+    monkeypatch.setattr(ferry.backends, "_BUILTIN", {**ferry.backends._BUILTIN, "wrongrelu": "-"})
+    return backend
+
+
+@pytest.fixture
+def mlp_file(tmp_path: Path) -> Path:
+    path = tmp_path / "mlp.onnx"
+    onnx.save(models.mlp(), path)
+    return path
+
+
+def test_plain_ort_plan_text_and_json(mlp_file: Path) -> None:
+    code, out, _ = ferry_cli("plan", mlp_file)
+    assert code == 0 and "onnxruntime" in out and "4" in out
+    code, out, _ = ferry_cli("plan", mlp_file, "--json")
+    data = json.loads(out)
+    (part,) = data["plan"]["partitions"]
+    assert part["backend"] == "onnxruntime" and len(part["nodes"]) == 4
+
+
+def test_explain_json_gives_every_node_a_verdict_and_boundaries(
+    mlp_file: Path, wrong: WrongRelu
+) -> None:
+    code, out, _ = ferry_cli(
+        "plan", mlp_file, "--backends", "wrongrelu", "--force-cpu", "fc2", "--explain", "--json",
+        "--min-partition-size", "1",
+    )  # fmt: skip
+    assert code == 0
+    data = json.loads(out)
+    placed = {n["node"]: n["backend"] for n in data["nodes"]}
+    assert placed == {
+        "fc1": "wrongrelu", "relu": "wrongrelu", "fc2": "onnxruntime", "softmax": "wrongrelu"
+    }  # fmt: skip
+    fc2 = next(n for n in data["nodes"] if n["node"] == "fc2")
+    assert "force_cpu" in json.dumps(fc2)
+    assert [p["backend"] for p in data["plan"]["partitions"]] == [
+        "wrongrelu", "onnxruntime", "wrongrelu"
+    ]  # fmt: skip
+    assert data["boundary_bytes"] is None  # the batch is symbolic: bytes depend on the input
+
+    code, out, _ = ferry_cli(
+        "plan", mlp_file, "--backends", "wrongrelu", "--force-cpu", "fc2", "--explain",
+        "--min-partition-size", "1",
+    )  # fmt: skip
+    assert code == 0
+    for text in ("runs on", "force_cpu", "tensor(s) cross engines"):
+        assert text in out
+
+
+def test_saved_plan_reloads_and_runs(mlp_file: Path, tmp_path: Path) -> None:
+    out_path = tmp_path / "plan.json"
+    code, out, _ = ferry_cli("plan", mlp_file, "--force-cpu", "Relu", "-o", out_path)
+    assert code == 0 and "saved the plan" in out
+    plan = Plan.load(out_path)
+    x = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
+    got = ferry.load(mlp_file, plan=plan).run({"x": x})["y"]
+    want = ort.InferenceSession(str(mlp_file)).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_verify_bisects_to_the_first_diverging_node(mlp_file: Path, wrong: WrongRelu) -> None:
+    code, out, err = ferry_cli("plan", mlp_file, "--backends", "wrongrelu", "--verify", "--json")
+    assert code == 2
+    assert "verification failed" in err
+    checks = json.loads(out)["verify"]
+    bad = [c for c in checks if not c["passed"]]
+    assert bad and bad[0]["first_bad_node"] == "relu"
+
+    # With Relu kept on ONNX Runtime, every partition on the buggy engine is correct.
+    code, out, err = ferry_cli(
+        "plan", mlp_file, "--backends", "wrongrelu", "--force-cpu", "Relu", "--verify",
+        "--min-partition-size", "1",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "NO" not in out
+
+
+@pytest.mark.openvino
+def test_verify_openvino_passes(mlp_file: Path) -> None:
+    pytest.importorskip("openvino")
+    code, out, err = ferry_cli("plan", mlp_file, "--backends", "openvino,onnxruntime", "--verify")
+    assert code == 0, err
+    assert "openvino" in out and "yes" in out
+
+
+def test_auto_shows_what_it_measured(mlp_file: Path) -> None:
+    code, out, err = ferry_cli("plan", mlp_file, "--backends", "auto", "--budget", "0.3", "--json")
+    assert code == 0, err
+    data: dict[str, Any] = json.loads(out)
+    labels = [c["label"] for c in data["auto"]["candidates"]]
+    assert "onnxruntime fp32" in labels and data["auto"]["chosen"] in labels
+    code, out, err = ferry_cli("plan", mlp_file, "--backends", "auto", "--budget", "0.3")
+    assert code == 0 and "cached choice" in out  # the first run stored its choice
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--backends", "nosuchengine"], "unknown backend 'nosuchengine'"),
+        (["--backends", "auto,onnxruntime"], "'auto' picks the engines itself"),
+        (["--tolerance", "abc"], "tolerance"),
+    ],
+)
+def test_user_errors_are_one_line(mlp_file: Path, args: list[str], message: str) -> None:
+    code, _, err = ferry_cli("plan", mlp_file, *args)
+    assert code == 2
+    assert message in err and "Traceback" not in err
