@@ -71,9 +71,19 @@ def raw_runner(backend: str, path: Path, threads: int | None) -> Callable[[dict[
             str(path), "CPU", compile_config({"threads": threads} if threads else {})
         )
         request = compiled.create_infer_request()
-        # The fastest raw call that still hands back arrays the caller owns, as ferry does:
-        # inputs shared (no copy), outputs copied out of the request's buffers.
-        return lambda feeds: request.infer(feeds, share_inputs=True)
+        ports = {name: i for i, port in enumerate(compiled.inputs) for name in port.get_names()}
+        outputs = range(len(compiled.outputs))
+
+        # The fastest raw pattern we found that still hands back arrays the caller owns, as ferry
+        # does: inputs wrapped without a copy, one synchronous infer, outputs copied out of the
+        # request's buffers (infer(dict) costs ~10 us more per call on small models).
+        def run(feeds: dict[str, Any]) -> object:
+            for name, value in feeds.items():
+                request.set_input_tensor(ports[name], ov.Tensor(value, shared_memory=True))
+            request.infer()
+            return [request.get_output_tensor(i).data.copy() for i in outputs]
+
+        return run
     raise FerryError(f"no raw runner for {backend}")
 
 

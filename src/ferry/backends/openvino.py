@@ -245,6 +245,9 @@ class OpenVINOPartition:
                 f"{[sorted(o.get_names()) for o in compiled.outputs]}"
             )
         self._free: list[Any] = [compiled.create_infer_request()]
+        import openvino as ov
+
+        self._tensor = ov.Tensor
         #: The precision OpenVINO actually runs in (``f32``, ``bf16``, ``f16``): the hint is a wish.
         self.inference_precision = _type_name(compiled.get_property("INFERENCE_PRECISION_HINT"))
         wished = self.config["INFERENCE_PRECISION_HINT"]
@@ -260,16 +263,30 @@ class OpenVINOPartition:
     ) -> dict[str, np.ndarray]:
         names = self.output_names if outputs is None else outputs
         index = self._in_index
-        feeds = {index[name]: value for name, value in inputs.items() if name in index}
         try:
             request = self._free.pop()
         except IndexError:  # every request is busy in another thread
             request = self.compiled.create_infer_request()
         try:
             try:
-                # share_inputs: no copy of contiguous inputs (the call is synchronous);
-                # share_outputs: views into the request's buffers, copied below before reuse.
-                request.infer(feeds, share_inputs=True, share_outputs=True)
+                if all(
+                    type(v) is np.ndarray
+                    and v.dtype.kind in "biuf"
+                    and v.flags.c_contiguous
+                    and v.flags.writeable  # OpenVINO wraps only writeable buffers
+                    for v in inputs.values()
+                ):
+                    # Plain numeric arrays: wrap them as OpenVINO tensors without a copy (the call
+                    # is synchronous) and run; 25-30% less per call than infer(dict) on small
+                    # models (benchmarks/backends.py).
+                    for name, value in inputs.items():
+                        port = index.get(name)
+                        if port is not None:
+                            request.set_input_tensor(port, self._tensor(value, shared_memory=True))
+                    request.infer()
+                else:  # strings, bfloat16 (ml_dtypes), strided views: OpenVINO's own conversion
+                    feeds = {index[n]: v for n, v in inputs.items() if n in index}
+                    request.infer(feeds, share_inputs=True, share_outputs=True)
             except Exception as e:
                 raise ExecutionError(f"OpenVINO failed to run the model: {_first_line(e)}") from e
             try:
