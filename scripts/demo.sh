@@ -29,6 +29,5 @@ logits = np.load(f"{sys.argv[1]}/outputs/output.npy")
 print("predicted digits:", logits.argmax(axis=1).tolist())
 PY
 
-echo; echo "==> 6. ferry bench (batch 1, then batch 32)"
-ferry bench "$out/model.onnx" --iterations 1000
-ferry bench "$out/model.onnx" --shape x=32x1x8x8 --iterations 300
+echo; echo "==> 6. ferry bench: ONNX Runtime and OpenVINO at each precision, batch 1 and 32, saved into the artifact's report"
+ferry bench "$out" --backends onnxruntime,openvino --batch 1,32 --iterations 300 --plot "$out/bench.png" --save-report

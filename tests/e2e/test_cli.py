@@ -176,21 +176,6 @@ def test_convert_keeps_external_data_and_control_flow(tmp_path: Path) -> None:
     np.testing.assert_array_equal(ferry_lib.load(tmp_path / "if19.onnx").run({"x": x})["y"], -x)
 
 
-def test_bench_json(tmp_path: Path, mlp_path: Path) -> None:
-    code, out, _ = ferry(
-        "bench", mlp_path, "-n", "30", "--warmup", "2", "--shape", "x=4x16", "--json", "-"
-    )
-    assert code == 0
-    data = json.loads(out)
-    assert data["iterations"] == 30 and data["batch"] == 4
-    assert (
-        0 < data["min_ms"] <= data["p50_ms"] <= data["p90_ms"] <= data["p99_ms"] <= data["max_ms"]
-    )
-    assert data["throughput"] > 0 and data["backends"] == ["onnxruntime"]
-    code, out, _ = ferry("bench", mlp_path, "--duration", "0.2", "--threads", "1")
-    assert code == 0 and "onnxruntime" in out and "p99" in out
-
-
 def test_real_entry_point_and_internal_errors(tmp_path: Path, mlp_path: Path) -> None:
     exe = Path(sys.executable).parent / "ferry"
     proc = subprocess.run([exe, "info", tmp_path / "nope.onnx"], capture_output=True, text=True)

@@ -1,135 +1,315 @@
-"""``ferry bench``: latency and throughput of a model on this machine."""
+"""``ferry bench``: latency, throughput, start-up time and memory of every engine and precision."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
+from typing import Any
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
-from ferry.cli._common import (
-    build_feeds,
-    console,
-    input_options,
-    model_argument,
-    session_options,
-    write_json,
-)
+from ferry.cli._common import console, input_options, model_argument, split_pairs
+from ferry.errors import InvalidInputError
 
 
 @click.command("bench")
 @model_argument
-@input_options
-@session_options
+@click.option(
+    "--backends",
+    default="onnxruntime",
+    show_default=True,
+    metavar="NAMES",
+    help="Engines to compare, comma-separated, each measured on its own (what one cannot run "
+    "goes to ONNX Runtime); 'auto' too. Plain ONNX Runtime fp32 is always measured as the "
+    "baseline.",
+)
+@click.option(
+    "--precision",
+    "precisions",
+    default=None,
+    metavar="LIST",
+    help="Precisions to run each engine in, e.g. fp32,bf16 (default: all each one offers).",
+)
+@click.option(
+    "--batch",
+    "batches",
+    default=None,
+    metavar="LIST",
+    help="Batch sizes, e.g. 1,8: the first dim of inputs whose first dim is symbolic.",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Intra-op threads per engine (default: the engine's, all cores).",
+)
 @click.option(
     "--warmup",
     type=click.IntRange(min=0),
     default=10,
     show_default=True,
-    help="Untimed runs first.",
+    help="Untimed calls per configuration first.",
 )
 @click.option(
-    "--iterations", "-n", type=click.IntRange(min=1), default=None, help="Timed runs (default 100)."
+    "--iterations",
+    "-n",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Timed calls per configuration (default 100).",
 )
 @click.option(
     "--duration",
     type=click.FloatRange(min=0, min_open=True),
     default=None,
-    help="Seconds to run for.",
+    help="Seconds of timed calls per configuration (with -n: whichever comes first).",
+)
+@input_options
+@click.option(
+    "--force-cpu",
+    multiple=True,
+    metavar="OP|NODE",
+    help="Keep this op type or node on ONNX Runtime when splitting (repeatable).",
+)
+@click.option(
+    "--no-isolate",
+    is_flag=True,
+    help="Measure everything in this process: faster, but no peak memory or warm start, and "
+    "cold starts that share the engines' one-time set-up.",
 )
 @click.option(
     "--json",
     "json_out",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Write results as JSON ('-': stdout).",
+    help="Write the results as JSON ('-': stdout).",
+)
+@click.option(
+    "--csv",
+    "csv_out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write one CSV row per configuration ('-': stdout).",
+)
+@click.option(
+    "--plot",
+    "plot_out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Draw the latency distributions into a PNG (needs the plot extra).",
+)
+@click.option(
+    "--save-report",
+    is_flag=True,
+    help="Store the results in the artifact's ferry.json (MODEL must be an artifact folder).",
+)
+@click.option(
+    "--device",
+    "device_url",
+    default=None,
+    metavar="URL",
+    help="Run on a device where `ferry agent` listens, e.g. http://192.168.1.20:8765.",
+)
+@click.option(
+    "--token",
+    envvar="FERRY_AGENT_TOKEN",
+    default=None,
+    help="The agent's token (default: $FERRY_AGENT_TOKEN).",
 )
 def command(
     model: Path,
-    input_files: tuple[str, ...],
-    shapes: tuple[str, ...],
-    seed: int,
-    backends: str | None,
+    backends: str,
+    precisions: str | None,
+    batches: str | None,
     threads: int | None,
     warmup: int,
     iterations: int | None,
     duration: float | None,
+    input_files: tuple[str, ...],
+    shapes: tuple[str, ...],
+    seed: int,
+    force_cpu: tuple[str, ...],
+    no_isolate: bool,
     json_out: str | None,
+    csv_out: str | None,
+    plot_out: str | None,
+    save_report: bool,
+    device_url: str | None,
+    token: str | None,
 ) -> None:
-    """Measure MODEL's latency: load time, then p50/p90/p99, mean, min and throughput.
+    """Measure MODEL (an .onnx file or an artifact folder) on every engine and precision asked
+    for: cold and warm start, latency p50/p90/p99/mean/std/min, throughput and peak memory, each
+    also as a ratio to plain ONNX Runtime fp32 at the same batch.
 
-    Inputs not given with --input are generated (symbolic dims as 1 unless --shape says otherwise).
+    Inputs not given with --input are generated (symbolic dims as 1 unless --shape or --batch
+    say otherwise). Configurations are timed in alternating blocks of calls in one process; cold
+    start and peak memory are measured in a fresh process per engine setup.
 
     \b
-    Example:
-      ferry bench model.onnx --shape input=8x3x224x224 --iterations 200
+    Examples:
+      ferry bench model.onnx --iterations 200
+      ferry bench model.onnx --backends onnxruntime,openvino --batch 1,8 --plot lat.png
+      ferry bench artifact/ --backends openvino --precision bf16 --save-report
+      ferry bench model.onnx --device http://192.168.1.20:8765 --token "$TOKEN"
     """
-    import ferry
-    from ferry.backends import get_backend
-    from ferry.bench import measure
-    from ferry.runtime.session import backend_names
+    from ferry.bench.runner import BenchSpec
 
     if iterations is None and duration is None:
         iterations = 100
-    # Import the engines before the clock starts: load time should be the model's, not Python's.
-    for name in backend_names(backends):
-        get_backend(name)
-    start = time.perf_counter()
-    session = ferry.load(model, backends=backends, threads=threads)
-    load_s = time.perf_counter() - start
-    feeds = build_feeds(session, input_files, shapes, seed, random=True)
-    batch = _batch_of(feeds)
+    if save_report and not model.is_dir():
+        raise InvalidInputError(
+            f"--save-report needs an artifact folder (a folder holding model.onnx); {model} is "
+            "a file: put it in a folder as model.onnx and bench the folder"
+        )
+    spec = BenchSpec(
+        backends=_names(backends, "--backends"),
+        precisions=_names(precisions, "--precision") if precisions else None,
+        batches=_batches(batches) if batches else None,
+        threads=threads,
+        warmup=warmup,
+        iterations=iterations,
+        duration_s=duration,
+        shapes=_shapes(shapes),
+        seed=seed,
+        isolate=not no_isolate,
+        force_cpu=force_cpu,
+    )
+    inputs = _inputs(input_files)
+    quiet = "-" in (json_out, csv_out)
     with Progress(
-        TextColumn("benchmarking"),
+        TextColumn("{task.description}"),
         BarColumn(),
-        MofNCompleteColumn(),
+        TaskProgressColumn(),
         TimeElapsedColumn(),
         console=console,
         transient=True,
-        disable=json_out == "-",
-    ) as progress:
-        task = progress.add_task("bench", total=iterations)
-        stats = measure(
-            lambda: session.run(feeds),
-            warmup=warmup,
-            iterations=iterations,
-            duration_s=duration,
-            batch=batch,
-            on_progress=lambda n: progress.update(task, completed=n) if n % 10 == 0 else None,
+        disable=quiet,
+    ) as bar:
+        task = bar.add_task("starting", total=1.0)
+
+        def progress(stage: str, done: float, total: float) -> None:
+            bar.update(task, description=escape(stage), completed=done, total=max(total, 1e-9))
+
+        if device_url:
+            from ferry.bench.remote import run_remote
+
+            if not token:
+                raise InvalidInputError(
+                    "--device needs the agent's token: --token TOKEN or $FERRY_AGENT_TOKEN"
+                )
+            results = run_remote(device_url, token, model, spec, inputs=inputs, progress=progress)
+        else:
+            from ferry.bench.runner import run_bench
+
+            results = run_bench(model, spec, inputs=inputs, progress=progress)
+    _write_outputs(results, json_out, csv_out, plot_out)
+    saved = None
+    if save_report:
+        from ferry.bench.report import save_to_artifact
+
+        saved = save_to_artifact(results, model)
+    if not quiet:
+        _print(results)
+        if saved is not None:
+            console.print(f"results saved in {escape(str(saved))} (under 'benchmarks')")
+
+
+def _names(text: str, option: str) -> tuple[str, ...]:
+    items = [t.strip() for t in text.split(",")]
+    if not all(items):
+        raise InvalidInputError(f"{option} takes names joined by commas, got {text!r}")
+    return tuple(dict.fromkeys(items))
+
+
+def _batches(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or any(v < 1 for v in values):
+        raise InvalidInputError(
+            f"--batch takes positive integers joined by commas, e.g. 1,8; got {text!r}"
         )
-    result = {
-        "model": str(model),
-        "backends": session.plan.backends,
-        "threads": threads,
-        "inputs": {name: list(value.shape) for name, value in feeds.items()},
-        "load_s": load_s,
-        **stats.to_dict(),
-    }
-    if json_out is not None:
-        write_json(result, json_out)
-        if json_out == "-":
-            return
-    table = Table(
-        "backend", "load ms", "p50 ms", "p90 ms", "p99 ms", "mean ms", "std ms", "per s", box=None
-    )
-    table.add_row(
-        ",".join(session.plan.backends),
-        f"{load_s * 1000:.0f}",
-        *(
-            f"{v:.3f}"
-            for v in (stats.p50_ms, stats.p90_ms, stats.p99_ms, stats.mean_ms, stats.std_ms)
-        ),
-        f"{stats.throughput:.0f}",
-    )
-    console.print(table)
-    console.print(f"{stats.iterations} runs at batch {batch} after {warmup} warm-up runs")
+    return tuple(dict.fromkeys(values))
 
 
-def _batch_of(feeds: dict[str, object]) -> int:
-    for value in feeds.values():
-        shape = getattr(value, "shape", ())
-        if shape:
-            return int(shape[0])
-    return 1
+def _shapes(pairs: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
+    from ferry.runtime.feeds import parse_shape
+
+    return {k: parse_shape(v) for k, v in split_pairs(pairs, "--shape").items()}
+
+
+def _inputs(pairs: tuple[str, ...]) -> dict[str, Any]:
+    from ferry.runtime.feeds import load_npy
+
+    return {k: load_npy(v, k) for k, v in split_pairs(pairs, "--input").items()}
+
+
+def _write_outputs(
+    results: dict[str, Any], json_out: str | None, csv_out: str | None, plot_out: str | None
+) -> None:
+    import json
+
+    from ferry.bench import report
+
+    if json_out == "-":
+        click.echo(json.dumps(results, indent=2))
+    elif json_out is not None:
+        report.write_json(results, json_out)
+    if csv_out == "-":
+        click.echo(report.to_csv(results), nl=False)
+    elif csv_out is not None:
+        report.write_csv(results, csv_out)
+    if plot_out is not None:
+        from ferry.bench.plot import plot_latency
+
+        plot_latency(results, plot_out)
+
+
+def _print(results: dict[str, Any]) -> None:
+    from rich.measure import Measurement
+
+    from ferry.bench import report
+
+    # A terminal gets the table that fits it; a pipe or a log gets the full one.
+    full = report.table(results)
+    need = Measurement.get(console, console.options.update_width(1000), full).maximum
+    compact = console.is_terminal and need > console.width
+    if compact:
+        console.print(report.table(results, compact=True))
+    elif need > console.width:
+        # console.print cannot widen past the console's own width; a pipe gets its own console.
+        from rich.console import Console
+
+        Console(width=need, highlight=False, soft_wrap=True).print(full)
+    else:
+        console.print(full)
+    for line in report.partition_lines(results):
+        console.print(f"  partitions of {escape(line)}")
+    for line in report.notes(results):
+        console.print(f"note: {escape(line)}")
+    for line in report.errors(results):
+        console.print(f"[red]failed[/red] {escape(line)}")
+    if compact:
+        console.print(
+            "vs ORT: p50 over plain ONNX Runtime fp32's. A wider terminal shows warm start, "
+            "p90, mean, std, min and the throughput ratio; --json has everything."
+        )
+    settings = results["settings"]
+    counts = []
+    if settings["iterations"] is not None:
+        counts.append(f"{settings['iterations']} timed calls")
+    if settings["duration_s"] is not None:
+        counts.append(f"{settings['duration_s']:g} s of timed calls")
+    threads = settings["threads"] or "default"
+    how = (
+        "cold start and peak RSS in a fresh process per engine setup"
+        if settings["isolated"]
+        else "all in one process (no peak RSS)"
+    )
+    console.print(
+        f"{' or '.join(counts)} per configuration after {settings['warmup']} warm-up calls, "
+        f"alternating in blocks of {settings['block']}; threads: {threads}; {how}. "
+        "* = fastest p50 at its batch; vs ORT = ratio to plain ONNX Runtime fp32."
+    )
+    console.print(f"device: {escape(report.device_summary(results['device']))}")

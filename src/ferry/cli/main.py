@@ -82,6 +82,7 @@ def _register() -> None:
         "convert",
         "plan",
         "bench",
+        "agent",
     ):
         cli.add_command(importlib.import_module(f"ferry.cli.{name}").command)
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -163,6 +164,10 @@ class Session:
         #: with no outputs: dead code, never compiled).
         self.engine_origins: list[str] = []
         self._single: CompiledPartition | None = None
+        #: Called after each partition of a split plan runs, with its index in
+        #: ``plan.partitions`` and the seconds it took (``ferry bench`` times partitions so).
+        #: None, the default, costs nothing; a whole-graph plan never calls it.
+        self.partition_timer: Callable[[int, float], None] | None = None
         if len(plan.partitions) == 1 and self._is_whole(plan.partitions[0]):
             # The fast path: the model itself (and its file, when given one) on one backend.
             self._compiled = [self._compile(plan.partitions[0], model, source_path, options)]
@@ -172,7 +177,7 @@ class Session:
             lowered = lower_plan(model, plan, value_types=inferred)
             self._compiled = []
             self._steps = []
-            for partition, sub in zip(plan.partitions, lowered):
+            for index, (partition, sub) in enumerate(zip(plan.partitions, lowered)):
                 if not partition.outputs:
                     # Dead code (nothing it computes is read or returned): it would never run,
                     # and engines refuse a model without outputs.
@@ -181,7 +186,7 @@ class Session:
                     continue
                 compiled = self._compile(partition, sub, None, options)
                 self._compiled.append(compiled)
-                self._steps.append(_partition_io(partition, sub, compiled))
+                self._steps.append(_partition_io(index, partition, sub, compiled))
             # Graph outputs that no partition computes: graph inputs passed through, or weights.
             self._constant_outputs = {
                 v.name or "": v.const_value.numpy()
@@ -268,12 +273,18 @@ class Session:
         values: dict[str, np.ndarray] = (
             {**self._constant_outputs, **feeds} if self._constant_outputs else dict(feeds)
         )
+        timer = self.partition_timer
         for step in steps:
             inputs = {name: values[name] for name in step.feeds}
             for name in step.optional:
                 if name in values:
                     inputs[name] = values[name]
-            values.update(step.compiled.run(inputs, step.outputs))
+            if timer is None:
+                values.update(step.compiled.run(inputs, step.outputs))
+            else:
+                start = time.perf_counter()
+                values.update(step.compiled.run(inputs, step.outputs))
+                timer(step.plan_index, time.perf_counter() - start)
             del inputs
             # Drop what no later partition reads, so peak memory stays near one partition's.
             for name in step.drop:
@@ -306,7 +317,7 @@ class Session:
             if name not in keep:
                 drops[index].append(name)
         return [
-            _Step(part.compiled, part.feeds, part.optional, outputs, tuple(drop))
+            _Step(part.plan_index, part.compiled, part.feeds, part.optional, outputs, tuple(drop))
             for (part, outputs), drop in zip(chosen, drops)
         ]
 
@@ -324,6 +335,7 @@ _MAX_SCHEDULES = 64
 class _Partition(NamedTuple):
     """A compiled partition and the values it exchanges with the others."""
 
+    plan_index: int  # its position in plan.partitions
     compiled: CompiledPartition
     feeds: tuple[str, ...]  # inputs it must be given
     optional: tuple[str, ...]  # weights the caller may override: passed on when given
@@ -333,6 +345,7 @@ class _Partition(NamedTuple):
 class _Step(NamedTuple):
     """One partition's turn in a run: what to give it, what to ask of it, what to drop after."""
 
+    plan_index: int  # its position in plan.partitions
     compiled: CompiledPartition
     feeds: tuple[str, ...]
     optional: tuple[str, ...]
@@ -340,8 +353,10 @@ class _Step(NamedTuple):
     drop: tuple[str, ...]
 
 
-def _partition_io(partition: Partition, model: ir.Model, compiled: CompiledPartition) -> _Partition:
+def _partition_io(
+    index: int, partition: Partition, model: ir.Model, compiled: CompiledPartition
+) -> _Partition:
     graph = model.graph
     feeds = tuple(v.name or "" for v in graph.inputs if not v.is_initializer())
     optional = tuple(v.name or "" for v in graph.inputs if v.is_initializer())
-    return _Partition(compiled, feeds, optional, tuple(partition.outputs))
+    return _Partition(index, compiled, feeds, optional, tuple(partition.outputs))

@@ -1,0 +1,96 @@
+"""``ferry agent``: serve benchmarks on this device to ``ferry bench --device``."""
+
+from __future__ import annotations
+
+import click
+from rich.markup import escape
+
+from ferry.cli._common import console
+
+
+@click.command("agent")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on; 0.0.0.0 for every interface (reachable from the network).",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(min=0, max=65535),
+    default=8765,
+    show_default=True,
+    help="Port to listen on (0: a free one).",
+)
+@click.option(
+    "--token",
+    envvar="FERRY_AGENT_TOKEN",
+    required=True,
+    help="Secret clients must send (Authorization: Bearer TOKEN); default $FERRY_AGENT_TOKEN.",
+)
+@click.option(
+    "--max-upload-mb",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1024.0,
+    show_default=True,
+    help="Largest upload (and unpacked archive) accepted, in MiB.",
+)
+@click.option(
+    "--max-queue",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Jobs that may wait while one runs.",
+)
+@click.option(
+    "--job-timeout",
+    type=click.FloatRange(min=1),
+    default=3600.0,
+    show_default=True,
+    help="Seconds a job may run before it is stopped.",
+)
+def command(
+    host: str, port: int, token: str, max_upload_mb: float, max_queue: int, job_timeout: float
+) -> None:
+    """Run benchmarks on this device for `ferry bench --device http://HOST:PORT --token TOKEN`.
+
+    Jobs run one at a time (others queue), each in its own process; uploads live in a temporary
+    folder removed after the job. Plain HTTP: the token travels in clear, so listen on a trusted
+    network, or keep the default 127.0.0.1 and reach it through an SSH tunnel
+    (ssh -L 8765:127.0.0.1:8765 device).
+
+    \b
+    Examples:
+      ferry agent --token "$(openssl rand -hex 16)"
+      FERRY_AGENT_TOKEN=s3cret ferry agent --host 0.0.0.0 --port 8765
+    """
+    from ferry.bench.agent import bind, create_app
+    from ferry.bench.device import device_info
+    from ferry.bench.report import device_summary
+    from ferry.errors import BackendUnavailableError
+
+    try:
+        import uvicorn
+    except ImportError as e:
+        raise BackendUnavailableError(
+            "ferry agent needs Starlette and uvicorn; pip install 'ferry[serve]'"
+        ) from e
+    app = create_app(
+        token,
+        max_upload_bytes=int(max_upload_mb * (1 << 20)),
+        max_queue=max_queue,
+        job_timeout_s=job_timeout,
+    )
+    sock = bind(host, port)
+    shown = f"[{host}]" if ":" in host else host
+    console.print(f"device: {escape(device_summary(device_info()))}")
+    console.print(
+        f"ferry agent listening on http://{shown}:{sock.getsockname()[1]} "
+        f"(uploads up to {max_upload_mb:g} MiB, {max_queue} queued jobs at most); Ctrl-C stops it"
+    )
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(
+            "[yellow]note:[/yellow] plain HTTP: the token and the models travel unencrypted; "
+            "use a trusted network or an SSH tunnel"
+        )
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).run(sockets=[sock])
