@@ -83,6 +83,7 @@ def _register() -> None:
         "plan",
         "bench",
         "agent",
+        "serve",
     ):
         cli.add_command(importlib.import_module(f"ferry.cli.{name}").command)
 

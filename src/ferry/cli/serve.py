@@ -1,0 +1,160 @@
+"""``ferry serve``: serve models over HTTP with KServe v2 (the Open Inference Protocol)."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from ferry.cli._common import console
+
+_DEFAULT_MAX_REQUEST_BYTES = 64 * 2**20
+
+
+@click.command("serve")
+@click.argument("source", type=click.Path(path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8000,
+    show_default=True,
+    help="Port to listen on (0: a free one).",
+)
+@click.option(
+    "--backends",
+    default=None,
+    metavar="NAMES",
+    help="Comma-separated backends for models whose config.json names none (default: onnxruntime).",
+)
+@click.option(
+    "--api-key",
+    envvar="FERRY_API_KEY",
+    default=None,
+    metavar="KEY",
+    help="Require 'Authorization: Bearer KEY' on inference and repository endpoints "
+    "(also read from $FERRY_API_KEY).",
+)
+@click.option(
+    "--max-request-bytes",
+    type=click.IntRange(min=1),
+    default=_DEFAULT_MAX_REQUEST_BYTES,
+    show_default=True,
+    help="Largest request body accepted (413 above it).",
+)
+@click.option(
+    "--poll",
+    "poll",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="Rescan the repository this often; new or changed versions hot-reload.",
+)
+@click.option(
+    "--explicit", is_flag=True, help="Load no model at start but those named with --load."
+)
+@click.option(
+    "--load",
+    "load_names",
+    multiple=True,
+    metavar="NAME",
+    help="A model to load at start in --explicit mode (repeatable).",
+)
+def command(
+    source: Path,
+    host: str,
+    port: int,
+    backends: str | None,
+    api_key: str | None,
+    max_request_bytes: int,
+    poll: float | None,
+    explicit: bool,
+    load_names: tuple[str, ...],
+) -> None:
+    """Serve SOURCE (a model repository, an .onnx file or an artifact folder) over HTTP.
+
+    Clients speak KServe v2 (Open Inference Protocol): Triton's client, KServe's, or plain HTTP.
+    A repository is laid out as Triton's: REPO/<model>/<version>/model.onnx with an optional
+    REPO/<model>/config.json. Ctrl-C stops accepting requests, lets those in flight finish, and
+    exits.
+
+    \b
+    Examples:
+      ferry serve model.onnx
+      ferry serve models/ --port 8000 --poll 5
+      ferry serve models/ --explicit --load mlp --api-key "$KEY"
+    """
+    from ferry.errors import FerryError
+    from ferry.serving import ServerThread, create_app
+
+    app = create_app(
+        source,
+        backends=backends,
+        api_key=api_key,
+        max_request_bytes=max_request_bytes,
+        poll_interval=poll,
+        explicit=explicit,
+        load=list(load_names) or None,
+    )
+    state = app.state.ferry
+    if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
+        console.print(
+            f"[yellow]warning:[/] listening on {escape(host)} without --api-key: anyone who can "
+            "reach this address can run and load models"
+        )
+    server = ServerThread(app, host=host, port=port, log_level="warning")
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        server.start()
+        if state.startup_error is not None:
+            raise FerryError(f"the server failed to start: {state.startup_error}")
+        rows = state.index()
+        ready = [r for r in rows if r["state"] == "READY"]
+        if not ready and not explicit and poll is None:
+            reasons = "; ".join(f"{r['name']}: {r['reason']}" for r in rows if r["reason"])
+            raise FerryError(f"no model could be loaded ({reasons or 'nothing to serve'})")
+        console.print(f"serving on [bold]{escape(server.url)}[/] (KServe v2; Ctrl-C to stop)")
+        _print_models(rows)
+        _wait(server)
+    finally:
+        server.stop()
+        signal.signal(signal.SIGTERM, previous)
+    console.print("stopped")
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _wait(server: Any) -> None:
+    """Block until Ctrl-C (or SIGTERM): then drain; a second Ctrl-C stops at once."""
+    try:
+        while server.is_alive():
+            server.join(0.5)
+    except KeyboardInterrupt:
+        console.print("draining in-flight requests (Ctrl-C again to stop at once)")
+        try:
+            server.stop()
+        except KeyboardInterrupt:
+            server.force_stop()
+            server.join(5)
+
+
+def _print_models(rows: list[dict[str, str]]) -> None:
+    table = Table("model", "version", "state", "reason", box=None, show_edge=False)
+    for row in rows:
+        state = row["state"]
+        style = "green" if state == "READY" else "red" if row["reason"] else "dim"
+        table.add_row(
+            escape(row["name"]),
+            escape(row["version"] or "-"),
+            f"[{style}]{state}[/]",
+            escape(row["reason"]),
+        )
+    console.print(table)

@@ -1,0 +1,584 @@
+"""The HTTP app: KServe v2 (Open Inference Protocol) routes with Triton's extensions, on Starlette.
+
+Endpoints (``{v}``: an optional ``/versions/{v}`` after the model name):
+
+- ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``: server metadata and health.
+- ``GET /v2/models/{m}{v}``, ``.../ready``, ``.../config``, ``.../stats``, ``/v2/models/stats``:
+  model metadata, readiness, Triton-style configuration, Triton-style statistics.
+- ``POST /v2/models/{m}{v}/infer``: inference, JSON or binary tensors.
+- ``POST /v2/repository/index``, ``/v2/repository/models/{m}/load``, ``.../unload``.
+- ``GET /metrics``: Prometheus text.
+
+Errors are ``{"error": "..."}`` with Triton's statuses: 400 for a bad request, 401 for a missing or
+wrong API key, 404 for an unknown model or version, 413 for a body above the limit, 500 when the model
+fails, 503 when the model (or server) is not ready. With an API key, inference and repository
+endpoints need ``Authorization: Bearer <key>``; health, metadata, configuration, statistics and
+metrics stay open (they carry no tensor data, and probes and scrapers need them without a secret).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import hmac
+import json
+import logging
+import os
+import threading
+import time
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ferry._version import __version__
+from ferry.errors import BackendUnavailableError, ExecutionError, FerryError, InvalidInputError
+from ferry.serving.codec import decode_request, encode_response
+from ferry.serving.config import triton_config
+from ferry.serving.metrics import Metrics
+from ferry.serving.repository import ModelNotFoundError, ModelNotReadyError, ModelRepository
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+__all__ = [
+    "DEFAULT_MAX_REQUEST_BYTES",
+    "EXTENSIONS",
+    "HTTPError",
+    "ServingState",
+    "create_app",
+    "status_of",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_REQUEST_BYTES = 64 * 2**20
+#: The protocol extensions advertised by ``GET /v2``.
+EXTENSIONS = ("binary_tensor_data", "model_repository", "model_configuration", "statistics")
+_HEADER_LENGTH = "inference-header-content-length"
+
+
+class HTTPError(FerryError):
+    """An error with its own HTTP status (401, 413...)."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = headers or {}
+
+
+def status_of(error: BaseException) -> int:
+    """The HTTP status for an error raised while serving a request."""
+    if isinstance(error, HTTPError):
+        return error.status
+    if isinstance(error, ModelNotFoundError):
+        return 404
+    if isinstance(error, ModelNotReadyError):
+        return 503
+    if isinstance(error, ExecutionError):
+        return 500
+    if isinstance(error, FerryError):
+        return 400
+    return 500
+
+
+class ServingState:
+    """What the routes share: the repository, metrics, settings and the server's readiness."""
+
+    def __init__(
+        self,
+        repository: ModelRepository,
+        metrics: Metrics,
+        *,
+        api_key: str | None,
+        max_request_bytes: int,
+    ) -> None:
+        self.repository = repository
+        self.metrics = metrics
+        self.api_key = api_key
+        self.max_request_bytes = max_request_bytes
+        #: Set once the start-up models have been tried (loaded or failed), or start-up failed.
+        self.started = threading.Event()
+        self.startup_error: BaseException | None = None
+        #: Set when the server begins to shut down: readiness turns false, requests still finish.
+        self.draining = False
+        #: The event loop serving the app (set when it starts).
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._startup: asyncio.Task[None] | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.repository.started and not self.draining and self.startup_error is None
+
+    def authorize(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), self.api_key.encode()
+        ):
+            raise HTTPError(
+                401,
+                "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
+                {"WWW-Authenticate": "Bearer"},
+            )
+
+    def index(self, timeout: float = 60.0) -> list[dict[str, str]]:
+        """The repository index, from another thread than the server's (the CLI's)."""
+        if self.loop is None:
+            raise RuntimeError("the app has not started")
+        future = asyncio.run_coroutine_threadsafe(self.repository.index(), self.loop)
+        return future.result(timeout)
+
+    async def _start(self) -> None:
+        try:
+            await self.repository.start()
+        except Exception as e:
+            logger.exception("the server failed to start its models")
+            self.startup_error = e
+        finally:
+            self.started.set()
+
+
+def create_app(
+    source: str | os.PathLike[str],
+    *,
+    backends: str | Sequence[str] | None = None,
+    api_key: str | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    poll_interval: float | None = None,
+    explicit: bool = False,
+    load: Sequence[str] | None = None,
+    warmup: bool = True,
+) -> Starlette:
+    """The ASGI app serving a model repository, a model file or an artifact folder.
+
+    Models load in the background once the app starts (its lifespan): the server is live at once
+    and ready (``/v2/health/ready``) when the start-up models have loaded; ``app.state.ferry``
+    (a :class:`ServingState`) has the ``started`` event. An app runs once.
+
+    Args:
+        source: a repository folder (``REPO/<model>/<version>/model.onnx``), an ``.onnx`` file or an
+            artifact folder (served as one model named after it, version 1).
+        backends: engines for models whose config.json names none (default ONNX Runtime).
+        api_key: when set, inference and repository endpoints need ``Authorization: Bearer KEY``.
+        max_request_bytes: the largest request body accepted (after decompression); larger: 413.
+        poll_interval: rescan the repository every this many seconds and hot-reload changes.
+        explicit: load only the models in ``load`` at start; the load API loads others.
+        load: models to load at start (explicit mode).
+        warmup: run every instance once before a version reports ready.
+
+    Raises:
+        ModelLoadError: the source does not exist or is not a model, artifact or repository.
+        InvalidInputError: contradictory or invalid options.
+    """
+    try:
+        from starlette.applications import Starlette
+        from starlette.exceptions import HTTPException
+        from starlette.routing import Route
+    except ImportError as e:
+        raise BackendUnavailableError(
+            f"serving needs starlette, uvicorn and prometheus-client ({e}); "
+            "pip install 'ferry[serve]'"
+        ) from None
+
+    if type(max_request_bytes) is not int or max_request_bytes < 1:
+        raise InvalidInputError(
+            f"max_request_bytes must be a positive integer, got {max_request_bytes!r}"
+        )
+    if api_key is not None and not api_key:
+        raise InvalidInputError("the API key is empty; give a non-empty key or none")
+    metrics = Metrics()
+    repository = ModelRepository(
+        source,
+        backends=backends,
+        poll_interval=poll_interval,
+        explicit=explicit,
+        load=load,
+        warmup=warmup,
+        metrics=metrics,
+    )
+    state = ServingState(repository, metrics, api_key=api_key, max_request_bytes=max_request_bytes)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        state.loop = asyncio.get_running_loop()
+        state._startup = state.loop.create_task(state._start())
+        try:
+            yield
+        finally:
+            state.draining = True
+            if not state._startup.done():
+                state._startup.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await state._startup
+            await repository.stop()
+
+    def versioned(path: str, endpoint: Any, methods: list[str]) -> list[Route]:
+        return [
+            Route(f"/v2/models/{{model}}{path}", endpoint, methods=methods),
+            Route(f"/v2/models/{{model}}/versions/{{version}}{path}", endpoint, methods=methods),
+        ]
+
+    routes = [
+        # Inference first: routes are tried in order, and it is the hot path.
+        *versioned("/infer", _infer, ["POST"]),
+        Route("/v2", _endpoint(_server_metadata), methods=["GET"]),
+        Route("/v2/health/live", _endpoint(_live), methods=["GET"]),
+        Route("/v2/health/ready", _endpoint(_ready), methods=["GET"]),
+        Route("/v2/models/stats", _endpoint(_stats), methods=["GET"]),
+        *versioned("", _endpoint(_model_metadata), ["GET"]),
+        *versioned("/ready", _endpoint(_model_ready), ["GET"]),
+        *versioned("/config", _endpoint(_model_config), ["GET"]),
+        *versioned("/stats", _endpoint(_stats), ["GET"]),
+        Route("/v2/repository/index", _endpoint(_repository_index), methods=["POST"]),
+        Route("/v2/repository/models/{model}/load", _endpoint(_load), methods=["POST"]),
+        Route("/v2/repository/models/{model}/unload", _endpoint(_unload), methods=["POST"]),
+        Route("/metrics", _endpoint(_metrics), methods=["GET"]),
+    ]
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return _json({"error": str(exc.detail)}, exc.status_code, exc.headers)
+
+    app = Starlette(
+        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
+    )
+    app.state.ferry = state
+    return app
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _json(data: Any, status: int = 200, headers: Any = None) -> Response:
+    from starlette.responses import Response
+
+    return Response(
+        json.dumps(data, separators=(",", ":")).encode(),
+        status_code=status,
+        headers=headers,
+        media_type="application/json",
+    )
+
+
+def _error(error: BaseException, status: int | None = None) -> Response:
+    status = status_of(error) if status is None else status
+    if status == 500 and not isinstance(error, FerryError):
+        logger.error("internal error serving a request", exc_info=error)
+        message = f"internal error: {type(error).__name__}: {error}"
+    else:
+        message = str(error)
+    headers = error.headers if isinstance(error, HTTPError) else None
+    return _json({"error": message}, status, headers)
+
+
+def _endpoint(
+    fn: Callable[[Request], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """Answer any error the handler raises with ``{"error": ...}`` and its status."""
+
+    async def handler(request: Request) -> Response:
+        try:
+            return await fn(request)
+        except Exception as e:
+            return _error(e)
+
+    handler.__name__ = fn.__name__
+    return handler
+
+
+def _state(request: Request) -> ServingState:
+    state: ServingState = request.app.state.ferry
+    return state
+
+
+async def _read_body(request: Request, limit: int) -> bytearray:
+    """The request body, refused with 413 past ``limit`` (announced or counted), decompressed."""
+    from starlette.requests import ClientDisconnect
+
+    declared = request.headers.get("content-length")
+    expected: int | None = None
+    if declared is not None:
+        try:
+            expected = int(declared)
+        except ValueError:
+            raise HTTPError(400, f"invalid Content-Length {declared!r}") from None
+        if expected > limit:
+            raise _too_large(expected, limit)
+    try:
+        if expected is not None:
+            body = bytearray(expected)
+            view = memoryview(body)
+            pos = 0
+            async for chunk in request.stream():
+                end = pos + len(chunk)
+                if end > expected:
+                    raise HTTPError(400, "the body is longer than its Content-Length")
+                view[pos:end] = chunk
+                pos = end
+            view.release()
+            if pos != expected:
+                raise HTTPError(400, f"the body ended after {pos} of {expected} bytes")
+        else:
+            body = bytearray()
+            async for chunk in request.stream():
+                if len(body) + len(chunk) > limit:
+                    raise _too_large(len(body) + len(chunk), limit)
+                body += chunk
+    except ClientDisconnect:
+        raise HTTPError(400, "the client disconnected before sending the whole body") from None
+    encoding = request.headers.get("content-encoding", "").strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise HTTPError(
+            400, f"unsupported Content-Encoding {encoding!r}; send gzip, deflate or none"
+        )
+    return _decompress(body, encoding, limit)
+
+
+def _too_large(size: int, limit: int) -> HTTPError:
+    return HTTPError(
+        413, f"the request body is {size} bytes, above this server's limit of {limit} bytes"
+    )
+
+
+def _decompress(body: bytearray, encoding: str, limit: int) -> bytearray:
+    # 32 + MAX_WBITS: detect a gzip or zlib header; a raw deflate stream is tried after that.
+    for wbits in (32 + zlib.MAX_WBITS, -zlib.MAX_WBITS):
+        inflater = zlib.decompressobj(wbits)
+        try:
+            out = inflater.decompress(body, limit + 1)
+        except zlib.error:
+            continue
+        if len(out) > limit or inflater.unconsumed_tail:
+            raise HTTPError(
+                413, f"the decompressed request body is above this server's limit of {limit} bytes"
+            )
+        return bytearray(out)
+    raise HTTPError(400, f"the body is not valid {encoding} data")
+
+
+def _header_length(request: Request) -> int | None:
+    value = request.headers.get(_HEADER_LENGTH)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise HTTPError(400, f"invalid Inference-Header-Content-Length {value!r}") from None
+
+
+def _compress(content: bytes, accept: str | None) -> tuple[bytes, str | None]:
+    """Compress when the client asks for exactly one encoding we have (Triton's client does).
+
+    Generic clients that list several encodings (httpx, browsers) get plain tensors: on the
+    networks servers run on, compressing costs more than it saves.
+    """
+    if accept is None:
+        return content, None
+    choice = accept.strip().lower()
+    if choice == "gzip":
+        return gzip.compress(content, compresslevel=1), "gzip"
+    if choice == "deflate":
+        return zlib.compress(content, 1), "deflate"
+    return content, None
+
+
+async def _small_json_body(request: Request, state: ServingState) -> dict[str, Any]:
+    body = await _read_body(request, min(state.max_request_bytes, 64 * 2**20))
+    if not body.strip():
+        return {}
+    try:
+        data = json.loads(body)
+    except ValueError as e:
+        raise InvalidInputError(f"the request is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise InvalidInputError("the request body must be a JSON object")
+    return data
+
+
+# -- health and metadata ------------------------------------------------------------------------
+
+
+async def _server_metadata(request: Request) -> Response:
+    return _json({"name": "ferry", "version": __version__, "extensions": list(EXTENSIONS)})
+
+
+async def _live(request: Request) -> Response:
+    return _json({"live": True})
+
+
+async def _ready(request: Request) -> Response:
+    ready = _state(request).ready
+    return _json({"ready": ready}, 200 if ready else 503)
+
+
+async def _model_metadata(request: Request) -> Response:
+    repository = _state(request).repository
+    name = request.path_params["model"]
+    version = repository.get(name, request.path_params.get("version"))
+    return _json(
+        {
+            "name": name,
+            "versions": [v.version_str for v in repository.serving(name)],
+            "platform": version.platform,
+            "inputs": version.tensor_metadata(),
+            "outputs": version.tensor_metadata(outputs=True),
+        }
+    )
+
+
+async def _model_ready(request: Request) -> Response:
+    name = request.path_params["model"]
+    _state(request).repository.get(name, request.path_params.get("version"))
+    return _json({"name": name, "ready": True})
+
+
+async def _model_config(request: Request) -> Response:
+    name = request.path_params["model"]
+    version = _state(request).repository.get(name, request.path_params.get("version"))
+    loaded = version.loaded
+    return _json(
+        triton_config(
+            name=name,
+            resolved=version.resolved,
+            policy=version.config.version_policy,
+            backends=loaded.backends,
+            threads=loaded.threads,
+            platform=version.platform,
+            model_filename=loaded.model_file.name,
+            inputs=[(t["name"], t["datatype"], t["shape"]) for t in version.tensor_metadata()],
+            outputs=[(t["name"], t["datatype"], t["shape"]) for t in version.tensor_metadata(True)],
+        )
+    )
+
+
+async def _stats(request: Request) -> Response:
+    repository = _state(request).repository
+    name = request.path_params.get("model")
+    version = request.path_params.get("version")
+    if name is None:
+        versions = repository.all_serving()
+    elif version is not None:
+        versions = [repository.get(name, version)]
+    else:
+        versions = repository.serving(name) or [repository.get(name)]
+    return _json(
+        {"model_stats": [v.recorder.stats.to_json(v.name, v.version_str) for v in versions]}
+    )
+
+
+async def _metrics(request: Request) -> Response:
+    from starlette.responses import Response
+
+    content, media_type = _state(request).metrics.render()
+    return Response(content, headers={"Content-Type": media_type})
+
+
+# -- repository -----------------------------------------------------------------------------------
+
+
+async def _repository_index(request: Request) -> Response:
+    state = _state(request)
+    state.authorize(request)
+    data = await _small_json_body(request, state)
+    ready = data.get("ready", False)
+    if not isinstance(ready, bool):
+        raise InvalidInputError(f"'ready' must be true or false, got {ready!r}")
+    return _json(await state.repository.index(ready_only=ready))
+
+
+async def _load(request: Request) -> Response:
+    from starlette.responses import Response
+
+    state = _state(request)
+    state.authorize(request)
+    data = await _small_json_body(request, state)
+    params = data.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise InvalidInputError("'parameters' must be an object")
+    files = sorted(k for k in params if k.startswith("file:"))
+    if files:
+        raise InvalidInputError(
+            f"this server does not load models from files sent in the request ({files[0]}); "
+            "put the files in the repository and load the model by name"
+        )
+    config = params.get("config")
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except ValueError as e:
+            raise InvalidInputError(f"the 'config' parameter is not valid JSON: {e}") from None
+    if config is not None and not isinstance(config, dict):
+        raise InvalidInputError("the 'config' parameter must be a JSON object (or its text)")
+    await state.repository.load(request.path_params["model"], config)
+    return Response(status_code=200)
+
+
+async def _unload(request: Request) -> Response:
+    from starlette.responses import Response
+
+    state = _state(request)
+    state.authorize(request)
+    await _small_json_body(request, state)
+    await state.repository.unload(request.path_params["model"])
+    return Response(status_code=200)
+
+
+# -- inference --------------------------------------------------------------------------------------
+
+
+async def _infer(request: Request) -> Response:
+    from starlette.responses import Response
+
+    start = time.perf_counter_ns()
+    state = _state(request)
+    try:
+        state.authorize(request)
+        version = state.repository.get(
+            request.path_params["model"], request.path_params.get("version")
+        )
+    except Exception as e:
+        return _error(e)
+    version.enter()
+    try:
+        try:
+            body = await _read_body(request, state.max_request_bytes)
+            decoded = decode_request(body, _header_length(request))
+            feeds, batch = version.prepare(decoded)
+            outputs, sends = version.output_plan(decoded.outputs, decoded.binary_output)
+            prepared = time.perf_counter_ns()
+            outcome = await version.infer(feeds, outputs, batch)
+            computed = time.perf_counter_ns()
+            content, header_length = encode_response(
+                model_name=version.name,
+                model_version=version.version_str,
+                outputs=[(name, outcome.outputs[name], binary) for name, binary in sends],
+                request_id=decoded.id,
+            )
+            content, encoding = _compress(content, request.headers.get("accept-encoding"))
+        except Exception as e:
+            status = status_of(e)
+            version.recorder.failure(total_ns=time.perf_counter_ns() - start, status=status)
+            return _error(e, status)
+        headers = {}
+        if header_length is not None:
+            headers["Inference-Header-Content-Length"] = str(header_length)
+        if encoding is not None:
+            headers["Content-Encoding"] = encoding
+        media_type = "application/json" if header_length is None else "application/octet-stream"
+        done = time.perf_counter_ns()
+        version.recorder.success(
+            total_ns=done - start,
+            queue_ns=outcome.queue_ns,
+            input_ns=prepared - start,
+            infer_ns=outcome.infer_ns,
+            output_ns=done - computed,
+        )
+        return Response(content, headers=headers, media_type=media_type)
+    finally:
+        version.exit()

@@ -1,0 +1,386 @@
+"""The dynamic batcher: requests of equal shape are run together, and their results split back.
+
+One batcher per model version, on the event loop. Requests wait in one queue; whenever an instance
+of the model is free, the batcher takes the oldest request and gathers the queued requests that can
+join it: the same input names, dtypes and dims after the batch dim, up to ``max_batch_size`` rows in
+all. It sends the batch at once when it is full or when a prefix of it adds up to a preferred batch
+size (the largest one it can form); otherwise it waits for more requests until the oldest has
+waited ``max_queue_delay``, then sends what it has. Requests that queue while every instance is busy
+form the next batch, so under load batches grow by themselves even with no delay.
+
+The inputs are concatenated along dim 0 (the one copy batching costs) and the model runs once, on
+the instance's own thread; each request gets views of its rows of every output. When a batch fails
+with :class:`~ferry.errors.ExecutionError`, its requests are rerun one by one, so only the request
+that makes the model fail gets the error.
+
+The event loop's timers are only as fine as a millisecond (epoll), so waits shorter than
+:data:`SPIN_BELOW_NS` are done by yielding to the loop instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from ferry.errors import ExecutionError
+
+__all__ = [
+    "SPIN_BELOW_NS",
+    "BatchOutcome",
+    "DynamicBatcher",
+    "Execution",
+    "ExecutionRecord",
+    "run_items",
+]
+
+#: Waits shorter than this yield to the event loop in a loop instead of arming a timer.
+SPIN_BELOW_NS = 2_000_000
+
+
+class _Runner(Protocol):
+    def run(
+        self, inputs: Mapping[str, Any], outputs: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]: ...
+
+
+class _Instance(Protocol):
+    @property
+    def session(self) -> _Runner: ...
+
+    @property
+    def executor(self) -> Any: ...
+
+
+class _Pool(Protocol):
+    async def acquire(self) -> Any: ...
+
+    def release(self, instance: Any) -> None: ...
+
+
+@dataclasses.dataclass
+class BatchOutcome:
+    """One request's share of an execution.
+
+    Attributes:
+        outputs: the request's outputs (views of the batch's outputs when batched).
+        queue_ns: from the request's arrival until its execution started.
+        infer_ns: how long the engine ran the execution it was part of.
+        batch_size: rows in that execution.
+    """
+
+    outputs: dict[str, np.ndarray]
+    queue_ns: int
+    infer_ns: int
+    batch_size: int
+
+
+@dataclasses.dataclass
+class ExecutionRecord:
+    """One engine run: what ``on_execution`` callbacks receive."""
+
+    batch_size: int
+    input_ns: int
+    infer_ns: int
+    output_ns: int
+
+
+@dataclasses.dataclass
+class Execution:
+    """What :func:`run_items` gives back: a result or an exception per item, and the runs made."""
+
+    results: list[dict[str, np.ndarray] | BaseException]
+    start_ns: int
+    infer_ns: int
+    records: list[ExecutionRecord]
+
+
+def run_items(
+    session: _Runner,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    sizes: Sequence[int],
+    outputs: Sequence[str] | None,
+    wanted: Sequence[Sequence[str] | None],
+) -> Execution:
+    """Run requests as one batch on ``session`` (call it on the instance's thread).
+
+    Args:
+        session: anything with ``run(feeds, outputs)``.
+        feeds: each request's inputs; with more than one, concatenated along dim 0.
+        sizes: each request's rows (its batch dim).
+        outputs: the outputs to compute (None: all).
+        wanted: the outputs each request asked for (None: all computed).
+    """
+    start = time.perf_counter_ns()
+    if len(feeds) == 1:
+        try:
+            result = session.run(feeds[0], outputs)
+        except Exception as e:
+            return Execution([e], start, time.perf_counter_ns() - start, [])
+        ran = time.perf_counter_ns()
+        return Execution(
+            [_pick(result, wanted[0])],
+            start,
+            ran - start,
+            [ExecutionRecord(sizes[0], 0, ran - start, 0)],
+        )
+    batch = {name: np.concatenate([f[name] for f in feeds]) for name in feeds[0]}
+    joined = time.perf_counter_ns()
+    try:
+        result = session.run(batch, outputs)
+    except ExecutionError:
+        del batch
+        # Find the request that makes the model fail: the others still get their results.
+        return _one_by_one(session, feeds, sizes, outputs, wanted, start)
+    except Exception as e:
+        return Execution([e] * len(feeds), start, time.perf_counter_ns() - start, [])
+    ran = time.perf_counter_ns()
+    total = sum(sizes)
+    bad = [n for n, a in result.items() if a.ndim == 0 or a.shape[0] != total]
+    if bad:
+        error = ExecutionError(
+            f"output {bad[0]!r} of a batch of {total} has shape {list(result[bad[0]].shape)}: its "
+            "leading dim is not the batch dim, so the batch cannot be split; set max_batch_size "
+            "to 0 in the model's config.json"
+        )
+        return Execution([error] * len(feeds), start, ran - start, [])
+    results: list[dict[str, np.ndarray] | BaseException] = []
+    row = 0
+    for size, names in zip(sizes, wanted):
+        picked = _pick(result, names)
+        results.append({name: array[row : row + size] for name, array in picked.items()})
+        row += size
+    done = time.perf_counter_ns()
+    record = ExecutionRecord(total, joined - start, ran - joined, done - ran)
+    return Execution(results, start, ran - joined, [record])
+
+
+def _pick(result: dict[str, np.ndarray], names: Sequence[str] | None) -> dict[str, np.ndarray]:
+    return result if names is None else {name: result[name] for name in names}
+
+
+def _one_by_one(
+    session: _Runner,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    sizes: Sequence[int],
+    outputs: Sequence[str] | None,
+    wanted: Sequence[Sequence[str] | None],
+    start: int,
+) -> Execution:
+    results: list[dict[str, np.ndarray] | BaseException] = []
+    records: list[ExecutionRecord] = []
+    infer_ns = 0
+    for item, size, names in zip(feeds, sizes, wanted):
+        t0 = time.perf_counter_ns()
+        try:
+            results.append(_pick(session.run(item, outputs), names))
+        except Exception as e:
+            results.append(e)
+            continue
+        ns = time.perf_counter_ns() - t0
+        infer_ns += ns
+        records.append(ExecutionRecord(size, 0, ns, 0))
+    return Execution(results, start, infer_ns, records)
+
+
+class _Item:
+    __slots__ = ("arrival_ns", "feeds", "future", "key", "outputs", "size")
+
+    def __init__(
+        self,
+        feeds: dict[str, np.ndarray],
+        outputs: tuple[str, ...] | None,
+        size: int,
+        future: asyncio.Future[BatchOutcome],
+    ) -> None:
+        self.feeds = feeds
+        self.outputs = outputs
+        self.size = size
+        self.future = future
+        self.arrival_ns = time.perf_counter_ns()
+        # Requests batch together only when everything but the batch dim agrees.
+        self.key = tuple((name, a.dtype, a.shape[1:]) for name, a in feeds.items())
+
+
+class DynamicBatcher:
+    """Batches a model version's requests onto its instances.
+
+    Args:
+        pool: the version's instances (``acquire``/``release``); each has ``session`` and
+            ``executor``.
+        max_batch_size: the most rows one execution takes.
+        max_queue_delay_us: how long the oldest request may wait for others to join it.
+        preferred_batch_sizes: sizes to send as soon as they can be formed.
+        on_execution: called on the event loop after each engine run.
+    """
+
+    def __init__(
+        self,
+        pool: _Pool,
+        *,
+        max_batch_size: int,
+        max_queue_delay_us: int = 0,
+        preferred_batch_sizes: Sequence[int] = (),
+        on_execution: Callable[[ExecutionRecord], None] | None = None,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        self._pool = pool
+        self.max_batch_size = max_batch_size
+        self._delay_ns = max(0, int(max_queue_delay_us)) * 1000
+        self._preferred = frozenset(s for s in preferred_batch_sizes if s <= max_batch_size)
+        self._on_execution = on_execution
+        self._pending: collections.deque[_Item] = collections.deque()
+        self._arrived = asyncio.Event()
+        self._running: set[asyncio.Task[None]] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    def start(self) -> None:
+        """Start batching (on the running event loop)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a batch."""
+        return len(self._pending)
+
+    async def submit(
+        self, feeds: dict[str, np.ndarray], outputs: Sequence[str] | None, size: int
+    ) -> BatchOutcome:
+        """Queue one request (``size`` rows, at most ``max_batch_size``) and wait for its outputs.
+
+        Raises:
+            Whatever the model raised for this request (ExecutionError...).
+        """
+        if self._closing:
+            raise RuntimeError("the batcher is closed")
+        if not 1 <= size <= self.max_batch_size:
+            raise ValueError(f"batch of {size} rows; the batcher takes 1 to {self.max_batch_size}")
+        future: asyncio.Future[BatchOutcome] = asyncio.get_running_loop().create_future()
+        self._pending.append(
+            _Item(feeds, None if outputs is None else tuple(outputs), size, future)
+        )
+        self._arrived.set()
+        return await future
+
+    async def close(self) -> None:
+        """Run what is queued, wait for running batches, then stop."""
+        self._closing = True
+        self._arrived.set()
+        if self._task is not None:
+            await self._task
+        if self._running:
+            await asyncio.gather(*self._running, return_exceptions=True)
+
+    async def _loop(self) -> None:
+        while True:
+            if not self._pending:
+                if self._closing:
+                    return
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            instance = await self._pool.acquire()
+            try:
+                batch = await self._form_batch()
+            except BaseException:
+                self._pool.release(instance)
+                raise
+            task = asyncio.get_running_loop().create_task(self._execute(instance, batch))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    async def _form_batch(self) -> list[_Item]:
+        head = self._pending[0]
+        deadline = head.arrival_ns + self._delay_ns
+        while True:
+            chosen, total, preferred = self._select(head.key)
+            if total >= self.max_batch_size or preferred or self._closing:
+                break
+            remaining = deadline - time.perf_counter_ns()
+            if remaining <= 0:
+                break
+            if remaining < SPIN_BELOW_NS:
+                await asyncio.sleep(0)
+            else:
+                self._arrived.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(
+                        self._arrived.wait(), (remaining - SPIN_BELOW_NS // 2) / 1e9
+                    )
+        taken = {id(item) for item in chosen}
+        self._pending = collections.deque(i for i in self._pending if id(i) not in taken)
+        return chosen
+
+    def _select(self, key: tuple[Any, ...]) -> tuple[list[_Item], int, bool]:
+        """The queued requests that fit with the oldest; cut to a preferred size when one forms."""
+        chosen: list[_Item] = []
+        total = 0
+        best = 0  # length of the longest prefix whose rows make a preferred size
+        for item in self._pending:
+            if item.key != key or total + item.size > self.max_batch_size:
+                continue
+            chosen.append(item)
+            total += item.size
+            if total in self._preferred:
+                best = len(chosen)
+            if total == self.max_batch_size:
+                break
+        if best and total != self.max_batch_size:
+            chosen = chosen[:best]
+            return chosen, sum(i.size for i in chosen), True
+        return chosen, total, False
+
+    async def _execute(self, instance: Any, batch: list[_Item]) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            if any(item.outputs is None for item in batch):
+                outputs: list[str] | None = None
+            else:
+                outputs = list(dict.fromkeys(n for item in batch for n in item.outputs or ()))
+            execution = await loop.run_in_executor(
+                instance.executor,
+                run_items,
+                instance.session,
+                [item.feeds for item in batch],
+                [item.size for item in batch],
+                outputs,
+                [item.outputs for item in batch],
+            )
+        except asyncio.CancelledError:
+            _fail(batch, RuntimeError("the model was unloaded before this request ran"))
+            raise
+        except Exception as e:  # the executor is gone (shut down): nothing ran
+            _fail(batch, e)
+            return
+        finally:
+            self._pool.release(instance)
+        total = sum(item.size for item in batch)
+        for item, result in zip(batch, execution.results):
+            if item.future.done():  # the caller went away
+                continue
+            if isinstance(result, BaseException):
+                item.future.set_exception(result)
+            else:
+                item.future.set_result(
+                    BatchOutcome(
+                        result, execution.start_ns - item.arrival_ns, execution.infer_ns, total
+                    )
+                )
+        if self._on_execution is not None:
+            for record in execution.records:
+                self._on_execution(record)
+
+
+def _fail(batch: list[_Item], error: Exception) -> None:
+    for item in batch:
+        if not item.future.done():
+            item.future.set_exception(error)

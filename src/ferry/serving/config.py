@@ -1,0 +1,461 @@
+"""A served model's configuration: ``config.json`` (Triton's config.pbtxt fields, as JSON) and defaults.
+
+``REPO/<model>/config.json`` is optional. Its keys (all optional, no others)::
+
+    {"max_batch_size": 8,
+     "dynamic_batching": {"max_queue_delay_microseconds": 500, "preferred_batch_size": [4, 8]},
+     "instance_group": [{"count": 2}],
+     "backends": ["onnxruntime"],
+     "version_policy": {"latest": {"num_versions": 1}}}
+
+The defaults follow Triton's ONNX Runtime autocomplete: when ``max_batch_size`` is not given and every
+input and output has a variable leading dim, the model batches (``max_batch_size`` 8) with the dynamic
+batcher on (``max_queue_delay_microseconds`` 100); otherwise ``max_batch_size`` is 0 and requests run
+as sent. A ``max_batch_size`` given without ``dynamic_batching`` runs each request alone (Triton's
+default scheduler). With ``max_batch_size`` > 0 the leading dim of every input and output is the batch
+dim: requests carry it, and Triton-style configuration leaves it out of ``dims``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from ferry.errors import ModelLoadError
+
+__all__ = [
+    "DEFAULT_MAX_BATCH_SIZE",
+    "DEFAULT_QUEUE_DELAY_US",
+    "ConfigError",
+    "ModelConfig",
+    "ResolvedConfig",
+    "VersionPolicy",
+    "batch_dim_problem",
+    "parse_config",
+    "read_config",
+    "resolve_config",
+    "triton_config",
+]
+
+#: ``max_batch_size`` given to a model whose inputs and outputs all have a variable leading dim.
+DEFAULT_MAX_BATCH_SIZE = 8
+#: The dynamic batcher's default wait for more requests. Small: on a CPU most batching comes from
+#: requests that queue while an instance is busy, and a long wait only adds latency at low load.
+DEFAULT_QUEUE_DELAY_US = 100
+_MAX_INSTANCES = 64
+_MAX_QUEUE_DELAY_US = 10_000_000
+
+
+class ConfigError(ModelLoadError):
+    """A model's config.json is unreadable, malformed, or does not fit the model."""
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionPolicy:
+    """Which of a model's version folders are served: Triton's ``version_policy``.
+
+    Attributes:
+        kind: ``"latest"`` (the ``num_versions`` highest), ``"all"``, or ``"specific"``.
+        num_versions: how many of the latest versions, for ``"latest"``.
+        versions: the versions served, for ``"specific"``.
+    """
+
+    kind: Literal["latest", "all", "specific"] = "latest"
+    num_versions: int = 1
+    versions: tuple[int, ...] = ()
+
+    def select(self, available: Sequence[int]) -> list[int]:
+        """The versions to serve among ``available``, ascending."""
+        ordered = sorted(set(available))
+        if self.kind == "all":
+            return ordered
+        if self.kind == "specific":
+            return [v for v in ordered if v in self.versions]
+        return ordered[-self.num_versions :]
+
+    def to_json(self) -> dict[str, Any]:
+        if self.kind == "all":
+            return {"all": {}}
+        if self.kind == "specific":
+            return {"specific": {"versions": list(self.versions)}}
+        return {"latest": {"num_versions": self.num_versions}}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """A model's config as written: None marks what the model itself decides (see the module doc).
+
+    Attributes:
+        max_batch_size: the largest batch one execution takes; 0: no batch dim; None: derive.
+        dynamic_batching: whether the dynamic batcher runs; None: on when ``max_batch_size`` is
+            derived and > 0.
+        max_queue_delay_us: how long the batcher waits for more requests.
+        preferred_batch_sizes: batch sizes the batcher sends as soon as it can form them.
+        instance_count: copies of the model, each on its own thread.
+        backends: engines in priority order; None: the server's.
+        version_policy: which versions are served.
+    """
+
+    max_batch_size: int | None = None
+    dynamic_batching: bool | None = None
+    max_queue_delay_us: int = DEFAULT_QUEUE_DELAY_US
+    preferred_batch_sizes: tuple[int, ...] = ()
+    instance_count: int = 1
+    backends: tuple[str, ...] | None = None
+    version_policy: VersionPolicy = dataclasses.field(default_factory=VersionPolicy)
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedConfig:
+    """The config a loaded model runs with: every choice made."""
+
+    max_batch_size: int
+    dynamic_batching: bool
+    max_queue_delay_us: int
+    preferred_batch_sizes: tuple[int, ...]
+    instance_count: int
+
+
+_KEYS = {
+    "name",
+    "max_batch_size",
+    "dynamic_batching",
+    "instance_group",
+    "backends",
+    "version_policy",
+}
+_BATCHING_KEYS = {"max_queue_delay_microseconds", "preferred_batch_size"}
+_INSTANCE_KEYS = {"count", "kind", "name"}
+
+
+def read_config(model_dir: str | os.PathLike[str], name: str) -> tuple[ModelConfig, str | None]:
+    """Read ``model_dir/config.json`` if there is one.
+
+    Returns:
+        The config (defaults when there is no file) and the file's text (None without a file),
+        which the repository compares to notice edits.
+
+    Raises:
+        ConfigError: the file cannot be read or parsed, or breaks a rule.
+    """
+    path = Path(model_dir) / "config.json"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return ModelConfig(), None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read {path}: {e}") from e
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"{path} is not valid JSON: {e}") from None
+    return parse_config(data, name, source=str(path)), text
+
+
+def parse_config(data: Any, name: str, *, source: str = "config") -> ModelConfig:
+    """Check a config object (parsed JSON) and turn it into a :class:`ModelConfig`.
+
+    Args:
+        data: the parsed JSON.
+        name: the model's name; a ``name`` key in the config must match it.
+        source: what to call the config in messages (its path).
+
+    Raises:
+        ConfigError: an unknown key, a value of the wrong type or range, or rules broken
+            (``dynamic_batching`` with ``max_batch_size`` 0, a preferred size above the maximum).
+    """
+    where = f"{source} of model {name!r}"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a JSON object")
+    unknown = sorted(set(data) - _KEYS)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key {', '.join(map(repr, unknown))}; the keys are "
+            f"{', '.join(sorted(_KEYS))}"
+        )
+    if "name" in data and data["name"] != name:
+        raise ConfigError(f"{where}: 'name' is {data['name']!r} but the model folder is {name!r}")
+    max_batch = data.get("max_batch_size")
+    if max_batch is not None:
+        max_batch = _int(max_batch, "max_batch_size", where, minimum=0)
+    dynamic: bool | None = None
+    delay = DEFAULT_QUEUE_DELAY_US
+    preferred: tuple[int, ...] = ()
+    batching = data.get("dynamic_batching")
+    if batching is not None:
+        if not isinstance(batching, dict):
+            raise ConfigError(f"{where}: 'dynamic_batching' must be an object, e.g. {{}}")
+        unknown = sorted(set(batching) - _BATCHING_KEYS)
+        if unknown:
+            raise ConfigError(
+                f"{where}: unknown dynamic_batching key {', '.join(map(repr, unknown))}; the keys "
+                f"are {', '.join(sorted(_BATCHING_KEYS))}"
+            )
+        dynamic = True
+        if "max_queue_delay_microseconds" in batching:
+            delay = _int(
+                batching["max_queue_delay_microseconds"],
+                "dynamic_batching.max_queue_delay_microseconds",
+                where,
+                minimum=0,
+                maximum=_MAX_QUEUE_DELAY_US,
+            )
+        sizes = batching.get("preferred_batch_size", [])
+        if not isinstance(sizes, list):
+            raise ConfigError(f"{where}: dynamic_batching.preferred_batch_size must be a list")
+        preferred = tuple(
+            sorted(
+                {_int(s, "dynamic_batching.preferred_batch_size", where, minimum=1) for s in sizes}
+            )
+        )
+        if max_batch == 0:
+            raise ConfigError(
+                f"{where}: dynamic_batching needs max_batch_size > 0 (the batch dim); it is 0"
+            )
+        if max_batch is not None and preferred and preferred[-1] > max_batch:
+            raise ConfigError(
+                f"{where}: preferred_batch_size {preferred[-1]} is above max_batch_size {max_batch}"
+            )
+    instances = _instance_count(data.get("instance_group"), where)
+    backends = data.get("backends")
+    if backends is not None:
+        if (
+            not isinstance(backends, list)
+            or not backends
+            or not all(isinstance(b, str) and b for b in backends)
+        ):
+            raise ConfigError(
+                f"{where}: 'backends' must be a non-empty list of backend names, e.g. "
+                '["onnxruntime"]'
+            )
+        backends = tuple(backends)
+    return ModelConfig(
+        max_batch_size=max_batch,
+        dynamic_batching=dynamic,
+        max_queue_delay_us=delay,
+        preferred_batch_sizes=preferred,
+        instance_count=instances,
+        backends=backends,
+        version_policy=_version_policy(data.get("version_policy"), where),
+    )
+
+
+def _int(value: Any, key: str, where: str, *, minimum: int, maximum: int | None = None) -> int:
+    if type(value) is not int or value < minimum or (maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ConfigError(f"{where}: {key} must be an integer {bound}, got {value!r}")
+    return value
+
+
+def _instance_count(groups: Any, where: str) -> int:
+    if groups is None:
+        return 1
+    if not isinstance(groups, list) or not groups:
+        raise ConfigError(
+            f"{where}: 'instance_group' must be a non-empty list, e.g. [{{\"count\": 2}}]"
+        )
+    total = 0
+    for group in groups:
+        if not isinstance(group, dict):
+            raise ConfigError(f"{where}: each instance_group entry must be an object")
+        unknown = sorted(set(group) - _INSTANCE_KEYS)
+        if unknown:
+            raise ConfigError(
+                f"{where}: unknown instance_group key {', '.join(map(repr, unknown))}; the keys "
+                f"are {', '.join(sorted(_INSTANCE_KEYS))}"
+            )
+        kind = group.get("kind", "KIND_CPU")
+        if kind not in ("KIND_CPU", "KIND_AUTO"):
+            raise ConfigError(
+                f"{where}: instance_group kind {kind!r} is not supported; use KIND_CPU or "
+                "KIND_AUTO (the engine's device comes from 'backends')"
+            )
+        total += _int(group.get("count", 1), "instance_group.count", where, minimum=1)
+    if total > _MAX_INSTANCES:
+        raise ConfigError(f"{where}: {total} instances is more than the {_MAX_INSTANCES} allowed")
+    return total
+
+
+def _version_policy(policy: Any, where: str) -> VersionPolicy:
+    if policy is None:
+        return VersionPolicy()
+    if not isinstance(policy, dict) or len(policy) != 1:
+        raise ConfigError(
+            f'{where}: \'version_policy\' must be one of {{"latest": {{"num_versions": N}}}}, '
+            '{"all": {}}, {"specific": {"versions": [...]}}'
+        )
+    ((kind, body),) = policy.items()
+    if not isinstance(body, dict):
+        raise ConfigError(f"{where}: version_policy.{kind} must be an object")
+    if kind == "all":
+        if body:
+            raise ConfigError(f"{where}: version_policy.all takes no keys")
+        return VersionPolicy("all")
+    if kind == "latest":
+        if set(body) - {"num_versions"}:
+            raise ConfigError(f"{where}: version_policy.latest takes only num_versions")
+        count = _int(
+            body.get("num_versions", 1), "version_policy.latest.num_versions", where, minimum=1
+        )
+        return VersionPolicy("latest", num_versions=count)
+    if kind == "specific":
+        versions = body.get("versions")
+        if set(body) - {"versions"} or not isinstance(versions, list) or not versions:
+            raise ConfigError(
+                f"{where}: version_policy.specific needs 'versions', a non-empty list of integers"
+            )
+        picked = tuple(
+            sorted(
+                {_int(v, "version_policy.specific.versions", where, minimum=0) for v in versions}
+            )
+        )
+        return VersionPolicy("specific", versions=picked)
+    raise ConfigError(
+        f"{where}: unknown version_policy {kind!r}; use 'latest', 'all' or 'specific'"
+    )
+
+
+def batch_dim_problem(specs: Sequence[Any]) -> str | None:
+    """Why these tensors cannot share a batch dim (None when they can): each needs a variable dim 0.
+
+    Args:
+        specs: ``TensorSpec``-like objects (``name``, ``shape``), inputs first then outputs.
+    """
+    for spec in specs:
+        shape = spec.shape
+        if shape is None:
+            return f"{spec.name!r} has unknown rank"
+        if len(shape) == 0:
+            return f"{spec.name!r} is a scalar"
+        if isinstance(shape[0], int):
+            return f"{spec.name!r} has a fixed leading dim of {shape[0]}"
+    return None
+
+
+def resolve_config(
+    config: ModelConfig, name: str, inputs: Sequence[Any], outputs: Sequence[Any]
+) -> ResolvedConfig:
+    """Apply ``config`` to a loaded model (its input and output specs): defaults, then checks.
+
+    Raises:
+        ConfigError: ``max_batch_size`` > 0 on a model whose inputs or outputs do not all have a
+            variable leading dim.
+    """
+    problem = batch_dim_problem([*inputs, *outputs])
+    max_batch = config.max_batch_size
+    dynamic = config.dynamic_batching
+    if max_batch is None:
+        if problem is None:
+            max_batch = DEFAULT_MAX_BATCH_SIZE
+            dynamic = True if dynamic is None else dynamic
+        elif dynamic:
+            raise ConfigError(
+                f"model {name!r}: dynamic_batching needs a batch dim, a variable leading dim on "
+                f"every input and output, but {problem}"
+            )
+        else:
+            max_batch = 0
+    elif max_batch > 0 and problem is not None:
+        raise ConfigError(
+            f"model {name!r}: max_batch_size {max_batch} needs a variable leading (batch) dim on "
+            f"every input and output, but {problem}; set max_batch_size to 0"
+        )
+    preferred = config.preferred_batch_sizes
+    if preferred and max_batch and preferred[-1] > max_batch:
+        raise ConfigError(
+            f"model {name!r}: preferred_batch_size {preferred[-1]} is above max_batch_size {max_batch}"
+        )
+    return ResolvedConfig(
+        max_batch_size=max_batch,
+        dynamic_batching=bool(dynamic) and max_batch > 0,
+        max_queue_delay_us=config.max_queue_delay_us,
+        preferred_batch_sizes=preferred,
+        instance_count=config.instance_count,
+    )
+
+
+_TRITON_TYPES = {
+    "BOOL": "TYPE_BOOL",
+    "UINT8": "TYPE_UINT8",
+    "UINT16": "TYPE_UINT16",
+    "UINT32": "TYPE_UINT32",
+    "UINT64": "TYPE_UINT64",
+    "INT8": "TYPE_INT8",
+    "INT16": "TYPE_INT16",
+    "INT32": "TYPE_INT32",
+    "INT64": "TYPE_INT64",
+    "FP16": "TYPE_FP16",
+    "FP32": "TYPE_FP32",
+    "FP64": "TYPE_FP64",
+    "BYTES": "TYPE_STRING",
+    "BF16": "TYPE_BF16",
+}
+
+
+def triton_config(
+    *,
+    name: str,
+    resolved: ResolvedConfig,
+    policy: VersionPolicy,
+    backends: Sequence[str],
+    threads: int,
+    platform: str,
+    model_filename: str,
+    inputs: Sequence[tuple[str, str, list[int]]],
+    outputs: Sequence[tuple[str, str, list[int]]],
+) -> dict[str, Any]:
+    """The model configuration as Triton's ``/config`` endpoint gives it (JSON of ModelConfig).
+
+    Args:
+        inputs: ``(name, KServe datatype, shape with -1 for variable dims)`` per input, the batch
+            dim included; it is left out of ``dims`` when ``max_batch_size`` > 0.
+        outputs: the same for the outputs.
+    """
+    skip = 1 if resolved.max_batch_size > 0 else 0
+
+    def tensors(
+        specs: Sequence[tuple[str, str, list[int]]], is_input: bool
+    ) -> list[dict[str, Any]]:
+        out = []
+        for tensor_name, datatype, shape in specs:
+            entry: dict[str, Any] = {
+                "name": tensor_name,
+                "data_type": _TRITON_TYPES[datatype],
+                "dims": shape[skip:],
+                "is_shape_tensor": False,
+            }
+            if is_input:
+                entry.update(format="FORMAT_NONE", allow_ragged_batch=False, optional=False)
+            else:
+                entry["label_filename"] = ""
+            out.append(entry)
+        return out
+
+    config: dict[str, Any] = {
+        "name": name,
+        "platform": platform,
+        "backend": backends[0] if backends else "",
+        "version_policy": policy.to_json(),
+        "max_batch_size": resolved.max_batch_size,
+        "input": tensors(inputs, True),
+        "output": tensors(outputs, False),
+        "instance_group": [
+            {"name": f"{name}_0", "kind": "KIND_CPU", "count": resolved.instance_count, "gpus": []}
+        ],
+        "default_model_filename": model_filename,
+        "parameters": {
+            "ferry_backends": {"string_value": ",".join(backends)},
+            "ferry_intra_op_threads": {"string_value": str(threads)},
+        },
+    }
+    if resolved.dynamic_batching:
+        config["dynamic_batching"] = {
+            "preferred_batch_size": list(resolved.preferred_batch_sizes),
+            "max_queue_delay_microseconds": resolved.max_queue_delay_us,
+            "preserve_ordering": False,
+        }
+    return config

@@ -1,0 +1,224 @@
+"""What the server measured: Prometheus metrics (``/metrics``) and Triton-style statistics (``/stats``).
+
+Each app has its own ``CollectorRegistry`` (never the process-wide one), so two servers in one
+process, or one per test, keep separate counts. Every series is labelled by model and version.
+Triton's ``model_stats`` are kept per loaded version by :class:`VersionStats`; both are updated by one
+:class:`VersionRecorder`, on the event loop only, so the plain counters need no locks.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+__all__ = ["LATENCY_BUCKETS", "Metrics", "VersionRecorder", "VersionStats"]
+
+#: Latency histogram buckets, in seconds: 100 us to 10 s.
+LATENCY_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class Metrics:
+    """The Prometheus metrics of one server, in their own registry."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        self.registry = CollectorRegistry(auto_describe=True)
+        labels = ["model", "version"]
+        self.success = Counter(
+            "ferry_inference_request_success",
+            "Inference requests that succeeded.",
+            labels,
+            registry=self.registry,
+        )
+        self.failure = Counter(
+            "ferry_inference_request_failure",
+            "Inference requests that failed, by HTTP status.",
+            [*labels, "code"],
+            registry=self.registry,
+        )
+        self.inferences = Counter(
+            "ferry_inference_count",
+            "Inferences performed (a batch of N counts N).",
+            labels,
+            registry=self.registry,
+        )
+        self.executions = Counter(
+            "ferry_inference_exec_count",
+            "Model executions (a batch counts once).",
+            labels,
+            registry=self.registry,
+        )
+        self.request_duration = Histogram(
+            "ferry_inference_request_duration_seconds",
+            "Time from receiving a request to its response being ready.",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.queue_duration = Histogram(
+            "ferry_inference_queue_duration_seconds",
+            "Time a request waited for an instance (and for the batcher).",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.compute_duration = Histogram(
+            "ferry_inference_compute_duration_seconds",
+            "Time the engine ran, per execution.",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.batch_size = Histogram(
+            "ferry_inference_batch_size",
+            "Batch size of each execution.",
+            labels,
+            buckets=_BATCH_BUCKETS,
+            registry=self.registry,
+        )
+
+    def render(self) -> tuple[bytes, str]:
+        """The text exposition format and its content type."""
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _Duration:
+    __slots__ = ("count", "ns")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.ns = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+    def to_json(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+class VersionStats:
+    """Triton's ``model_stats`` entry for one model version."""
+
+    def __init__(self) -> None:
+        self.success = _Duration()
+        self.fail = _Duration()
+        self.queue = _Duration()
+        self.compute_input = _Duration()
+        self.compute_infer = _Duration()
+        self.compute_output = _Duration()
+        self.inference_count = 0
+        self.execution_count = 0
+        self.last_inference_ms = 0
+        self.batches: dict[int, tuple[_Duration, _Duration, _Duration]] = {}
+
+    def to_json(self, name: str, version: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "version": version,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.to_json(),
+                "fail": self.fail.to_json(),
+                "queue": self.queue.to_json(),
+                "compute_input": self.compute_input.to_json(),
+                "compute_infer": self.compute_infer.to_json(),
+                "compute_output": self.compute_output.to_json(),
+                "cache_hit": {"count": 0, "ns": 0},
+                "cache_miss": {"count": 0, "ns": 0},
+            },
+            "response_stats": {},
+            "batch_stats": [
+                {
+                    "batch_size": size,
+                    "compute_input": ci.to_json(),
+                    "compute_infer": cf.to_json(),
+                    "compute_output": co.to_json(),
+                }
+                for size, (ci, cf, co) in sorted(self.batches.items())
+            ],
+            "memory_usage": [],
+        }
+
+
+class VersionRecorder:
+    """Records one model version's requests and executions into its stats and the metrics.
+
+    Call it from the event loop only.
+    """
+
+    def __init__(self, metrics: Metrics | None, model: str, version: str) -> None:
+        self.stats = VersionStats()
+        self._metrics = metrics
+        self._labels = (model, version)
+        if metrics is not None:
+            # Bound children: .labels() looks the series up each call, which costs more.
+            self._success = metrics.success.labels(*self._labels)
+            self._inferences = metrics.inferences.labels(*self._labels)
+            self._executions = metrics.executions.labels(*self._labels)
+            self._request = metrics.request_duration.labels(*self._labels)
+            self._queue = metrics.queue_duration.labels(*self._labels)
+            self._compute = metrics.compute_duration.labels(*self._labels)
+            self._batch = metrics.batch_size.labels(*self._labels)
+
+    def success(
+        self, *, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int
+    ) -> None:
+        """A request answered with its outputs."""
+        s = self.stats
+        s.success.add(total_ns)
+        s.queue.add(queue_ns)
+        s.compute_input.add(input_ns)
+        s.compute_infer.add(infer_ns)
+        s.compute_output.add(output_ns)
+        s.last_inference_ms = time.time_ns() // 1_000_000
+        if self._metrics is not None:
+            self._success.inc()
+            self._request.observe(total_ns / 1e9)
+            self._queue.observe(queue_ns / 1e9)
+
+    def failure(self, *, total_ns: int, status: int) -> None:
+        """A request answered with an error."""
+        self.stats.fail.add(total_ns)
+        if self._metrics is not None:
+            self._metrics.failure.labels(*self._labels, str(status)).inc()
+
+    def execution(self, *, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        """One run of the model on a batch of ``batch_size`` (1 for an unbatched request)."""
+        s = self.stats
+        s.execution_count += 1
+        s.inference_count += batch_size
+        entry = s.batches.get(batch_size)
+        if entry is None:
+            entry = s.batches[batch_size] = (_Duration(), _Duration(), _Duration())
+        entry[0].add(input_ns)
+        entry[1].add(infer_ns)
+        entry[2].add(output_ns)
+        if self._metrics is not None:
+            self._inferences.inc(batch_size)
+            self._executions.inc()
+            self._compute.observe(infer_ns / 1e9)
+            self._batch.observe(batch_size)

@@ -1,0 +1,652 @@
+"""The model repository: Triton's folder layout, version policies, loading, unloading and hot reload.
+
+Layout::
+
+    REPO/
+      <model>/
+        config.json            optional (see ferry.serving.config)
+        <version>/             an integer: 1, 2, 3...
+          model.onnx           or the one *.onnx file, or one artifact folder holding model.onnx
+
+A single ``.onnx`` file or artifact folder is served as a repository of one model, named after the
+file's stem (the folder's name), version 1.
+
+Modes: by default every model loads at start; ``explicit`` loads only the models named in ``load``
+and then what ``POST /v2/repository/models/{m}/load`` asks for; ``poll_interval`` rescans the
+repository that often, loading new models and versions, reloading changed ones and unloading removed
+ones. A model's (re)load happens in the background: its versions keep serving until the new ones are
+loaded and warmed up, then the routing switches in one step (on the event loop, so no request sees a
+half-switched model) and the versions it replaced finish their in-flight requests before they are
+dropped. A load that fails keeps what was serving and is reported by :meth:`ModelRepository.index`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import re
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from ferry.errors import FerryError, InvalidInputError, ModelLoadError
+from ferry.serving.config import ConfigError, ModelConfig, parse_config, read_config
+from ferry.serving.metrics import Metrics, VersionRecorder
+from ferry.serving.scheduler import ModelVersion, available_cores, load_version
+
+__all__ = [
+    "ModelNotFoundError",
+    "ModelNotReadyError",
+    "ModelRepository",
+    "VersionFiles",
+    "check_model_name",
+    "find_model_file",
+    "list_models",
+    "model_name_for",
+]
+
+logger = logging.getLogger(__name__)
+
+READY = "READY"
+LOADING = "LOADING"
+UNAVAILABLE = "UNAVAILABLE"
+
+#: A model name is a plain folder name: no separators, no leading dot, so never ``..``.
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
+
+
+class ModelNotFoundError(FerryError):
+    """No model (or version) of that name is in the repository (HTTP 404)."""
+
+
+class ModelNotReadyError(FerryError):
+    """The model is known but not serving: loading, unloaded, or failed to load (HTTP 503)."""
+
+
+def check_model_name(name: str) -> str:
+    """Return ``name`` if it is a plain folder name; raise InvalidInputError (HTTP 400) if not."""
+    if not _NAME.fullmatch(name):
+        raise InvalidInputError(
+            f"invalid model name {name!r}: a model name is a folder name in the repository "
+            "(letters, digits, '_', '.', '-'; not starting with '.')"
+        )
+    return name
+
+
+def model_name_for(path: Path) -> str:
+    """The name a single model file or artifact folder is served under: its stem, made valid."""
+    stem = path.name if path.is_dir() else path.stem
+    name = re.sub(r"[^A-Za-z0-9_.\-]", "_", stem).lstrip(".-") or "model"
+    return name[:128]
+
+
+def list_models(root: Path) -> list[str]:
+    """The model folders in a repository (names that are not valid model names are skipped)."""
+    names = []
+    for child in sorted(root.iterdir()):
+        if not child.is_dir() or child.name.startswith("."):
+            continue
+        if _NAME.fullmatch(child.name):
+            names.append(child.name)
+        else:
+            logger.warning("skipping %s: not a valid model name", child)
+    return names
+
+
+def find_model_file(version_dir: Path) -> Path:
+    """The model in a version folder: ``model.onnx``, the one ``*.onnx``, or one artifact folder.
+
+    Raises:
+        ModelLoadError: none of these, or more than one candidate.
+    """
+    direct = version_dir / "model.onnx"
+    if direct.is_file():
+        return direct
+    files = sorted(p for p in version_dir.glob("*.onnx") if p.is_file())
+    if len(files) == 1:
+        return files[0]
+    if len(files) > 1:
+        raise ModelLoadError(
+            f"{version_dir} holds {len(files)} .onnx files ({', '.join(p.name for p in files)}); "
+            "name the one to serve model.onnx"
+        )
+    artifacts = sorted(p for p in version_dir.iterdir() if (p / "model.onnx").is_file())
+    if len(artifacts) == 1:
+        return artifacts[0]
+    if len(artifacts) > 1:
+        raise ModelLoadError(
+            f"{version_dir} holds {len(artifacts)} artifact folders; keep one per version"
+        )
+    raise ModelLoadError(
+        f"{version_dir} holds no model: put model.onnx (or a ferry artifact folder) in it"
+    )
+
+
+def _fingerprint(path: Path) -> tuple[Any, ...]:
+    """What changes when a version's files change: names, sizes and modification times."""
+    if path.is_file():
+        base, files = path.parent, [path]
+    else:
+        base, files = path, sorted(p for p in path.rglob("*") if p.is_file())
+    out = []
+    for p in files:
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        out.append((str(p.relative_to(base)), st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionFiles:
+    """One version folder as found on disk: its model, a fingerprint, or why it cannot load."""
+
+    version: int
+    path: Path | None
+    fingerprint: tuple[Any, ...]
+    error: str | None = None
+
+
+@dataclasses.dataclass
+class _Scan:
+    config: ModelConfig | None = None
+    config_key: str | None = None  # the config's text: a change means every version reloads
+    versions: dict[int, VersionFiles] = dataclasses.field(default_factory=dict)
+    error: str | None = None
+    gone: bool = False
+
+
+@dataclasses.dataclass
+class _Entry:
+    name: str
+    serving: dict[int, ModelVersion] = dataclasses.field(default_factory=dict)
+    states: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    fingerprints: dict[int, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
+    failed: dict[int, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
+    config_key: str | None = None
+    override: dict[str, Any] | None = None
+    error: str | None = None
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+
+
+class ModelRepository:
+    """The models a server serves, and their lifecycle (use it on the event loop).
+
+    Args:
+        source: a repository folder, a model file or an artifact folder.
+        backends: engines for models whose config.json names none (None: ONNX Runtime).
+        poll_interval: rescan the repository every this many seconds (None: never).
+        explicit: load only ``load`` at start; then only what load requests ask for.
+        load: models to load at start in explicit mode.
+        warmup: run each instance once before a version reports ready.
+        metrics: where the versions' metrics go.
+
+    Raises:
+        ModelLoadError: the source does not exist or is not a model, artifact or repository.
+        InvalidInputError: contradictory options (explicit with polling, unknown names in ``load``).
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike[str],
+        *,
+        backends: str | Sequence[str] | None = None,
+        poll_interval: float | None = None,
+        explicit: bool = False,
+        load: Sequence[str] | None = None,
+        warmup: bool = True,
+        metrics: Metrics | None = None,
+    ) -> None:
+        path = Path(source)
+        if not path.exists():
+            raise ModelLoadError(f"model or repository not found: {path}")
+        if poll_interval is not None and not poll_interval > 0:
+            raise InvalidInputError(f"poll interval must be positive seconds, got {poll_interval}")
+        if explicit and poll_interval is not None:
+            raise InvalidInputError(
+                "explicit mode and polling exclude each other: either the load API or the "
+                "repository's files decide what is served"
+            )
+        self.backends: list[str] | None = (
+            None
+            if backends is None
+            else [
+                b.strip()
+                for b in (backends.split(",") if isinstance(backends, str) else backends)
+                if b.strip()
+            ]
+        )
+        self.poll_interval = poll_interval
+        self.explicit = explicit
+        self.warmup = warmup
+        self.metrics = metrics
+        self.source = path
+        self.root: Path | None = None
+        self.single: tuple[str, Path] | None = None
+        if path.is_file() or (path / "model.onnx").is_file():
+            if path.is_file() and path.suffix.lower() != ".onnx":
+                raise ModelLoadError(
+                    f"{path} is not an .onnx model; ferry serve takes an .onnx file, an artifact "
+                    "folder or a model repository (convert other formats with ferry convert)"
+                )
+            self.single = (model_name_for(path), path)
+            names = [self.single[0]]
+        elif path.is_dir():
+            self.root = path
+            names = list_models(path)
+            if not names and not explicit and poll_interval is None:
+                raise ModelLoadError(
+                    f"no models in {path}: a repository holds <model>/<version>/model.onnx "
+                    "(e.g. REPO/mlp/1/model.onnx), or pass a model file"
+                )
+        else:
+            raise ModelLoadError(f"{path} is neither a file nor a folder")
+        self.load_at_start = list(load or [])
+        for name in self.load_at_start:
+            check_model_name(name)
+            if name not in names:
+                raise InvalidInputError(
+                    f"cannot load {name!r} at start: no such model in {path}; it has "
+                    f"{', '.join(names) or 'no models'}"
+                )
+        self._entries: dict[str, _Entry] = {}
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._poller: asyncio.Task[None] | None = None
+        self._loader: ThreadPoolExecutor | None = None
+        #: True once the models asked for at start have been tried (loaded or failed).
+        self.started = False
+        self.stopping = False
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the start-up models, then begin polling if asked to."""
+        self._loader = ThreadPoolExecutor(
+            max(1, min(4, available_cores())), thread_name_prefix="ferry-load"
+        )
+        if self.explicit:
+            names = self.load_at_start
+        else:
+            names = await self._run_blocking(self._list_names)
+        await asyncio.gather(*(self._sync(name) for name in names))
+        self.started = True
+        if self.poll_interval is not None:
+            self._poller = asyncio.get_running_loop().create_task(self._poll())
+
+    async def stop(self) -> None:
+        """Stop polling, let every version finish its in-flight requests, release everything."""
+        self.stopping = True
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        for entry in self._entries.values():
+            async with entry.lock:
+                for version in entry.serving.values():
+                    self._retire(version)
+                entry.serving = {}
+        if self._retiring:
+            await asyncio.gather(*list(self._retiring), return_exceptions=True)
+        if self._loader is not None:
+            self._loader.shutdown(wait=False)
+
+    async def _poll(self) -> None:
+        assert self.poll_interval is not None
+        while True:
+            await asyncio.sleep(self.poll_interval)
+            try:
+                await self.poll_once()
+            except Exception:
+                logger.exception("polling the model repository failed")
+
+    async def poll_once(self) -> None:
+        """Rescan the repository once: load what is new or changed, unload what is gone."""
+        names = set(await self._run_blocking(self._list_names)) | set(self._entries)
+        for name in sorted(names):
+            await self._sync(name)
+
+    # -- the load and unload API ----------------------------------------------------------------
+
+    async def load(self, name: str, config: dict[str, Any] | None = None) -> None:
+        """Load or reload a model (with ``config`` in place of its config.json, when given).
+
+        Raises:
+            ModelNotFoundError: no such model folder.
+            ModelLoadError: the model failed to load (what was serving before keeps serving).
+        """
+        check_model_name(name)
+        if self.poll_interval is not None:
+            raise InvalidInputError(
+                "this server polls its repository for changes; change the files instead of "
+                "using the load API"
+            )
+        if not await self._run_blocking(self._exists, name):
+            entry = self._entries.get(name)
+            if entry is not None:
+                await self._sync(name)  # the folder went away: unload what it served
+            raise ModelNotFoundError(f"no model {name!r} in the repository {self.source}")
+        if config is not None:
+            parse_config(config, name, source="the load request's config")  # fail before loading
+        await self._sync(name, override=config, retry=True)
+        entry = self._entries[name]
+        if entry.error is not None:
+            raise ModelLoadError(f"failed to load {name!r}: {entry.error}")
+        failures = [
+            f"version {v}: {entry.states[v][1]}" for v in sorted(entry.failed) if v in entry.states
+        ]
+        if not entry.serving or failures:
+            raise ModelLoadError(
+                f"failed to load {name!r}: {'; '.join(failures) or 'no version could be loaded'}"
+            )
+
+    async def unload(self, name: str) -> None:
+        """Stop serving a model; its in-flight requests finish first.
+
+        Raises:
+            ModelNotFoundError: no such model.
+        """
+        check_model_name(name)
+        if self.poll_interval is not None:
+            raise InvalidInputError(
+                "this server polls its repository for changes; remove the model's folder "
+                "instead of using the unload API"
+            )
+        entry = self._entries.get(name)
+        if entry is None:
+            if await self._run_blocking(self._exists, name):
+                return  # known but not loaded: nothing to do
+            raise ModelNotFoundError(f"no model {name!r} in the repository {self.source}")
+        async with entry.lock:
+            self._unload_entry(entry, "unloaded")
+            entry.override = None
+            entry.config_key = None
+            entry.fingerprints.clear()
+            entry.failed.clear()
+
+    # -- lookups ----------------------------------------------------------------------------------
+
+    def get(self, name: str, version: str | None = None) -> ModelVersion:
+        """The version that serves a request (the highest serving one when ``version`` is None).
+
+        Raises:
+            InvalidInputError: a malformed name or version (400).
+            ModelNotFoundError: no such model or version (404).
+            ModelNotReadyError: known, but not serving now (503).
+        """
+        entry = self._entries.get(name)
+        if entry is None:
+            check_model_name(name)
+            if self._exists(name):
+                raise ModelNotReadyError(f"model {name!r} is not loaded")
+            raise ModelNotFoundError(f"unknown model {name!r}")
+        if version is None or version == "":
+            serving = entry.serving
+            if serving:
+                return serving[max(serving)]
+            raise ModelNotReadyError(f"model {name!r} is not ready: {self._why_not(entry)}")
+        if not version.isdigit():
+            raise InvalidInputError(f"invalid version {version!r}: versions are integers")
+        number = int(version)
+        found = entry.serving.get(number)
+        if found is not None:
+            return found
+        state = entry.states.get(number)
+        if state is not None:
+            state_name, reason = state
+            raise ModelNotReadyError(
+                f"model {name!r} version {number} is {state_name.lower()}"
+                + (f": {reason}" if reason else "")
+            )
+        listed = ", ".join(map(str, sorted(entry.serving))) or "none"
+        raise ModelNotFoundError(
+            f"model {name!r} has no version {number} (serving versions: {listed})"
+        )
+
+    def serving(self, name: str) -> list[ModelVersion]:
+        """The versions of ``name`` serving now, oldest first (empty when none)."""
+        entry = self._entries.get(name)
+        return [] if entry is None else [entry.serving[v] for v in sorted(entry.serving)]
+
+    def all_serving(self) -> list[ModelVersion]:
+        return [v for name in sorted(self._entries) for v in self.serving(name)]
+
+    async def index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Triton's repository index: ``[{"name", "version", "state", "reason"}]``."""
+        names = set(self._entries) | set(await self._run_blocking(self._list_names))
+        rows: list[dict[str, str]] = []
+        for name in sorted(names):
+            entry = self._entries.get(name)
+            if entry is None or (not entry.states and entry.error is None):
+                rows.append(_row(name, "", UNAVAILABLE, "not loaded"))
+                continue
+            for version in sorted(entry.states):
+                state, reason = entry.states[version]
+                if entry.error and state == READY:
+                    reason = f"{entry.error} (still serving the previous load)"
+                rows.append(_row(name, str(version), state, reason))
+            if entry.error and not entry.serving:
+                rows.append(_row(name, "", UNAVAILABLE, entry.error))
+        if ready_only:
+            rows = [r for r in rows if r["state"] == READY]
+        return rows
+
+    # -- internals ------------------------------------------------------------------------------
+
+    async def _run_blocking(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._loader, fn, *args)
+
+    def _list_names(self) -> list[str]:
+        if self.single is not None:
+            return [self.single[0]]
+        assert self.root is not None
+        try:
+            return list_models(self.root)
+        except OSError as e:
+            logger.warning("cannot list the repository %s: %s", self.root, e)
+            return []
+
+    def _exists(self, name: str) -> bool:
+        if self.single is not None:
+            return name == self.single[0]
+        assert self.root is not None
+        return (self.root / name).is_dir()
+
+    def _why_not(self, entry: _Entry) -> str:
+        if entry.error:
+            return entry.error
+        reasons = [
+            f"version {v} {s.lower()}{': ' + r if r else ''}"
+            for v, (s, r) in sorted(entry.states.items())
+        ]
+        return "; ".join(reasons) or "not loaded"
+
+    def _scan(self, name: str, override: dict[str, Any] | None) -> _Scan:
+        """Read a model's config and version folders (blocking)."""
+        if self.single is not None:
+            path = self.single[1]
+            if not path.exists():
+                return _Scan(gone=True)
+            config = ModelConfig()
+            key: str | None = None
+            if override is not None:
+                try:
+                    config = parse_config(override, name, source="the load request's config")
+                except ConfigError as e:
+                    return _Scan(error=str(e))
+                key = json.dumps(override, sort_keys=True)
+            files = VersionFiles(1, path, _fingerprint(path))
+            return _Scan(config=config, config_key=key, versions={1: files})
+        assert self.root is not None
+        model_dir = self.root / name
+        if not model_dir.is_dir():
+            return _Scan(gone=True)
+        try:
+            if override is not None:
+                config = parse_config(override, name, source="the load request's config")
+                key = json.dumps(override, sort_keys=True)
+            else:
+                config, key = read_config(model_dir, name)
+        except ConfigError as e:
+            return _Scan(error=str(e))
+        available: dict[int, Path] = {}
+        try:
+            for child in model_dir.iterdir():
+                if child.is_dir() and child.name.isascii() and child.name.isdigit():
+                    available.setdefault(int(child.name), child)
+        except OSError as e:
+            return _Scan(error=f"cannot read {model_dir}: {e}")
+        if not available:
+            return _Scan(
+                error=f"{model_dir} has no version folders; put the model in {model_dir}/1/model.onnx"
+            )
+        chosen = config.version_policy.select(list(available))
+        if not chosen:
+            return _Scan(
+                error=f"the version_policy selects none of the versions in {model_dir} "
+                f"({', '.join(map(str, sorted(available)))})"
+            )
+        versions: dict[int, VersionFiles] = {}
+        for number in chosen:
+            folder = available[number]
+            try:
+                model_file = find_model_file(folder)
+            except (ModelLoadError, OSError) as e:
+                versions[number] = VersionFiles(number, None, _fingerprint(folder), str(e))
+                continue
+            versions[number] = VersionFiles(number, model_file, _fingerprint(folder))
+        return _Scan(config=config, config_key=key, versions=versions)
+
+    async def _sync(
+        self, name: str, *, override: dict[str, Any] | None = None, retry: bool = False
+    ) -> None:
+        """Bring one model in line with its files: load, reload or unload versions.
+
+        Args:
+            override: a config to use in place of config.json (from a load request).
+            retry: try again versions whose last load failed even if their files did not change.
+        """
+        entry = self._entries.get(name)
+        if entry is None:
+            entry = self._entries[name] = _Entry(name)
+        async with entry.lock:
+            if self.stopping:
+                return
+            scan = await self._run_blocking(
+                self._scan, name, override if override is not None else entry.override
+            )
+            if scan.gone:
+                self._unload_entry(entry, "removed from the repository")
+                if not entry.serving:
+                    self._entries.pop(name, None)
+                return
+            if scan.error is not None or scan.config is None:
+                entry.error = scan.error
+                return
+            entry.error = None
+            if override is not None:
+                entry.override = override
+            config_changed = scan.config_key != entry.config_key
+            wanted = scan.versions
+            for number in [n for n in entry.failed if n not in wanted]:
+                del entry.failed[number]
+            to_load: list[VersionFiles] = []
+            for number, files in wanted.items():
+                current = entry.fingerprints.get(number) if number in entry.serving else None
+                if current == files.fingerprint and not config_changed:
+                    continue
+                attempt = (files.fingerprint, scan.config_key)
+                if not retry and entry.failed.get(number) == attempt:
+                    continue  # failed before on these very files: wait for them to change
+                to_load.append(files)
+            for files in to_load:
+                if files.version not in entry.serving:
+                    entry.states[files.version] = (LOADING, "")
+            results = await asyncio.gather(
+                *(self._load_version(name, files, scan.config) for files in to_load)
+            )
+            serving = dict(entry.serving)
+            replaced: list[ModelVersion] = []
+            all_loaded = True
+            for files, result in zip(to_load, results):
+                number = files.version
+                if isinstance(result, ModelVersion):
+                    old = serving.get(number)
+                    if old is not None:
+                        replaced.append(old)
+                    serving[number] = result
+                    entry.states[number] = (READY, "")
+                    entry.fingerprints[number] = files.fingerprint
+                    entry.failed.pop(number, None)
+                else:
+                    all_loaded = False
+                    entry.failed[number] = (files.fingerprint, scan.config_key)
+                    if number in serving:
+                        entry.states[number] = (
+                            READY,
+                            f"reload failed, serving the previous load: {result}",
+                        )
+                    else:
+                        entry.states[number] = (UNAVAILABLE, f"load failed: {result}")
+            # Versions the policy no longer selects go, unless nothing selected could load: then
+            # the old ones keep serving (a failed hot reload must not take the model down).
+            if any(number in wanted for number in serving):
+                for number in [n for n in serving if n not in wanted]:
+                    replaced.append(serving.pop(number))
+                    entry.states[number] = (UNAVAILABLE, "unloaded")
+                    entry.fingerprints.pop(number, None)
+            for number in [n for n in entry.states if n not in wanted and n not in serving]:
+                if entry.states[number][0] == LOADING:
+                    entry.states[number] = (UNAVAILABLE, "unloaded")
+            if all_loaded:
+                entry.config_key = scan.config_key
+            entry.serving = serving  # the switch: one assignment, on the event loop
+            for old in replaced:
+                self._retire(old)
+
+    async def _load_version(
+        self, name: str, files: VersionFiles, config: ModelConfig
+    ) -> ModelVersion | str:
+        """Load and warm up one version on the loader thread; the error message on failure."""
+        path = files.path
+        if files.error is not None or path is None:
+            return files.error or "no model file"
+        try:
+            loaded = await self._run_blocking(
+                lambda: load_version(name, path, config, backends=self.backends, warmup=self.warmup)
+            )
+        except FerryError as e:
+            # Start-up failures are reported by the index (and printed by ferry serve); later
+            # ones (a poll, a load request) happen while nobody watches, so they are logged.
+            level = logging.WARNING if self.started else logging.INFO
+            logger.log(level, "model %r version %d failed to load: %s", name, files.version, e)
+            return str(e)
+        except Exception as e:
+            logger.exception("model %r version %d failed to load", name, files.version)
+            return f"internal error: {type(e).__name__}: {e}"
+        recorder = VersionRecorder(self.metrics, name, str(files.version))
+        version = ModelVersion(name, files.version, loaded, recorder, config)
+        version.start()
+        logger.info("model %r version %d is ready", name, files.version)
+        return version
+
+    def _unload_entry(self, entry: _Entry, reason: str) -> None:
+        for number, version in entry.serving.items():
+            entry.states[number] = (UNAVAILABLE, reason)
+            self._retire(version)
+        entry.serving = {}
+
+    def _retire(self, version: ModelVersion) -> None:
+        """Drop a version once its in-flight requests are done (in the background)."""
+        task = asyncio.get_running_loop().create_task(version.close())
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+
+def _row(name: str, version: str, state: str, reason: str) -> dict[str, str]:
+    return {"name": name, "version": version, "state": state, "reason": reason}

@@ -1,0 +1,451 @@
+"""Running a served model version: its instances, their threads, warm-up, and the request path.
+
+A model version has ``instance_count`` instances (Triton's instance group): each is its own ferry
+``Session`` with a dedicated one-thread executor, so at most one run per instance is in flight and a
+run never blocks the event loop. The engine's intra-op threads are sized so that the instances
+together do not oversubscribe the cores: ``max(1, cores // instances)``. Before a version reports
+ready, every instance runs once on generated inputs (batch 1 and, when it batches, its
+``max_batch_size``), so the first request does not pay for the engine's lazy set-up.
+
+:func:`load_version` does the blocking part (loading, checking, warming up) on a loader thread;
+:class:`ModelVersion` is what the event loop serves requests with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ferry.errors import FerryError, InvalidInputError, ModelLoadError
+from ferry.serving.batcher import (
+    BatchOutcome,
+    DynamicBatcher,
+    ExecutionRecord,
+    run_items,
+)
+from ferry.serving.codec import InferRequest, RequestedOutput, datatype_of
+from ferry.serving.config import ModelConfig, ResolvedConfig, resolve_config
+from ferry.serving.metrics import VersionRecorder
+
+__all__ = [
+    "Instance",
+    "InstancePool",
+    "LoadedModel",
+    "ModelVersion",
+    "available_cores",
+    "engine_threads",
+    "load_version",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS says)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def engine_threads(instances: int, cores: int | None = None) -> int:
+    """Intra-op threads per instance so that ``instances x threads <= cores`` (at least 1)."""
+    cores = available_cores() if cores is None else cores
+    return max(1, cores // max(1, instances))
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    """A model version loaded, checked and warmed up, not yet serving.
+
+    Attributes:
+        sessions: one per instance.
+        resolved: the config it runs with.
+        backends: the engines, in priority order.
+        threads: intra-op threads of each instance's engine.
+        model_file: what was loaded.
+        input_types: KServe datatype of each input, in the model's order.
+        output_types: KServe datatype of each output, in the model's order.
+        warmup_error: why warm-up failed (the model serves anyway), or None.
+    """
+
+    sessions: list[Any]
+    resolved: ResolvedConfig
+    backends: list[str]
+    threads: int
+    model_file: Path
+    input_types: dict[str, str]
+    output_types: dict[str, str]
+    warmup_error: str | None = None
+
+    @property
+    def inputs(self) -> list[Any]:
+        return list(self.sessions[0].inputs)
+
+    @property
+    def outputs(self) -> list[Any]:
+        return list(self.sessions[0].outputs)
+
+
+def _kserve_type(spec: Any, name: str, kind: str) -> str:
+    if spec.onnx_type == "STRING":
+        return "BYTES"
+    if spec.dtype is None:
+        raise ModelLoadError(
+            f"model {name!r}: {kind} {spec.name!r} has type {spec.onnx_type}, which KServe v2 "
+            "cannot carry"
+        )
+    try:
+        return datatype_of(spec.dtype)
+    except InvalidInputError:
+        raise ModelLoadError(
+            f"model {name!r}: {kind} {spec.name!r} has type {spec.onnx_type}, which KServe v2 "
+            "cannot carry; convert the model to a supported type"
+        ) from None
+
+
+def load_version(
+    name: str,
+    model_file: Path,
+    config: ModelConfig,
+    *,
+    backends: list[str] | None = None,
+    warmup: bool = True,
+    cores: int | None = None,
+) -> LoadedModel:
+    """Load ``instance_count`` sessions of a model version, check its config, and warm it up.
+
+    Blocking: call it on a loader thread.
+
+    Raises:
+        FerryError: the model cannot be loaded, a backend is missing, or the config does not fit.
+    """
+    import ferry
+    from ferry.runtime.session import backend_names
+
+    names = list(config.backends) if config.backends else backend_names(backends)
+    threads = engine_threads(config.instance_count, cores)
+    first = ferry.load(model_file, backends=names, threads=threads)
+    resolved = resolve_config(config, name, first.inputs, first.outputs)
+    input_types = {s.name: _kserve_type(s, name, "input") for s in first.inputs}
+    output_types = {s.name: _kserve_type(s, name, "output") for s in first.outputs}
+    sessions = [first]
+    for _ in range(config.instance_count - 1):
+        sessions.append(ferry.load(model_file, backends=names, threads=threads))
+    loaded = LoadedModel(
+        sessions=sessions,
+        resolved=resolved,
+        backends=names,
+        threads=threads,
+        model_file=model_file,
+        input_types=input_types,
+        output_types=output_types,
+    )
+    if warmup:
+        loaded.warmup_error = warm_up(loaded)
+        if loaded.warmup_error:
+            logger.warning(
+                "model %r: warm-up failed (%s); serving it anyway", name, loaded.warmup_error
+            )
+    return loaded
+
+
+def warm_up(loaded: LoadedModel) -> str | None:
+    """Run every instance on generated inputs; return why it failed, or None."""
+    from ferry.runtime.feeds import random_feeds
+
+    specs = loaded.inputs
+    sizes = [1]
+    if loaded.resolved.max_batch_size > 1:
+        sizes.append(loaded.resolved.max_batch_size)
+    try:
+        for size in sizes:
+            shapes = {
+                s.name: tuple(
+                    size
+                    if axis == 0 and loaded.resolved.max_batch_size
+                    else (d if isinstance(d, int) else 1)
+                    for axis, d in enumerate(s.shape)
+                )
+                for s in specs
+                if s.shape is not None
+            }
+            feeds = random_feeds(specs, shapes)
+            for session in loaded.sessions:
+                session.run(feeds)
+    except FerryError as e:
+        return str(e)
+    except Exception as e:  # the engine's own errors on made-up inputs: not a reason to refuse
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+@dataclasses.dataclass
+class Instance:
+    """One copy of the model and the single thread it runs on."""
+
+    session: Any
+    executor: ThreadPoolExecutor
+
+
+class InstancePool:
+    """A version's instances; ``acquire`` waits for a free one (event loop only)."""
+
+    def __init__(self, instances: list[Instance]) -> None:
+        self.instances = instances
+        self._free: asyncio.Queue[Instance] = asyncio.Queue()
+        for instance in instances:
+            self._free.put_nowait(instance)
+
+    async def acquire(self) -> Instance:
+        return await self._free.get()
+
+    def release(self, instance: Instance) -> None:
+        self._free.put_nowait(instance)
+
+    def shutdown(self) -> None:
+        for instance in self.instances:
+            instance.executor.shutdown(wait=False)
+
+
+class ModelVersion:
+    """A loaded model version serving requests (create and use it on the event loop).
+
+    Args:
+        name: the model's name.
+        version: its version number.
+        loaded: what :func:`load_version` gave.
+        recorder: where its statistics and metrics go.
+        config: the config it was loaded with (for ``/config``).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        version: int,
+        loaded: LoadedModel,
+        recorder: VersionRecorder,
+        config: ModelConfig,
+    ) -> None:
+        self.name = name
+        self.version = version
+        self.version_str = str(version)
+        self.loaded = loaded
+        self.config = config
+        self.resolved = loaded.resolved
+        self.recorder = recorder
+        self.inputs = loaded.inputs
+        self.outputs = loaded.outputs
+        self.input_types = loaded.input_types
+        self.output_types = loaded.output_types
+        self._output_names = [s.name for s in self.outputs]
+        self._output_set = frozenset(self._output_names)
+        self._string_inputs = frozenset(n for n, t in self.input_types.items() if t == "BYTES")
+        from ferry.runtime.specs import InputChecker
+
+        self._checker = InputChecker(self.inputs)
+        self.pool = InstancePool(
+            [
+                Instance(
+                    session,
+                    ThreadPoolExecutor(1, thread_name_prefix=f"ferry-{name}-{version}-{i}"),
+                )
+                for i, session in enumerate(loaded.sessions)
+            ]
+        )
+        self.batcher: DynamicBatcher | None = None
+        if self.resolved.dynamic_batching:
+            self.batcher = DynamicBatcher(
+                self.pool,
+                max_batch_size=self.resolved.max_batch_size,
+                max_queue_delay_us=self.resolved.max_queue_delay_us,
+                preferred_batch_sizes=self.resolved.preferred_batch_sizes,
+                on_execution=self._record_execution,
+            )
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.closed = False
+
+    @property
+    def platform(self) -> str:
+        """Triton's platform name: ``onnxruntime_onnx`` on ONNX Runtime, else ``ferry``."""
+        return "onnxruntime_onnx" if self.loaded.backends[0] == "onnxruntime" else "ferry"
+
+    def start(self) -> None:
+        if self.batcher is not None:
+            self.batcher.start()
+
+    # -- in-flight tracking: an old version is closed only once its requests are done ---------
+
+    def enter(self) -> None:
+        self._in_flight += 1
+        self._idle.clear()
+
+    def exit(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle.set()
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    async def close(self) -> None:
+        """Wait for in-flight requests, stop the batcher, release the threads and engines."""
+        self.closed = True
+        await self._idle.wait()
+        if self.batcher is not None:
+            await self.batcher.close()
+        self.pool.shutdown()
+
+    # -- the request path ----------------------------------------------------------------------
+
+    def prepare(self, request: InferRequest) -> tuple[dict[str, np.ndarray], int]:
+        """Check a request's inputs against the model; return the feeds and the batch size.
+
+        Raises:
+            InvalidInputError: unknown or missing input, wrong datatype, shape or dims, inputs that
+                disagree on the batch size, or a batch above ``max_batch_size``.
+        """
+        feeds = request.inputs
+        for name, array in feeds.items():
+            expected = self.input_types.get(name)
+            if expected is None:
+                raise InvalidInputError(
+                    f"unknown input {name!r}; model {self.name!r} takes {self._describe_inputs()}"
+                )
+            sent = request.datatypes[name]
+            if sent != expected:
+                raise InvalidInputError(
+                    f"input {name!r} is {expected} in model {self.name!r}, got {sent}"
+                )
+            if name in self._string_inputs:
+                feeds[name] = _as_text(array, name)
+        if len(feeds) != len(self.input_types):
+            missing = [n for n in self.input_types if n not in feeds]
+            raise InvalidInputError(
+                f"missing input {', '.join(map(repr, missing))}; model {self.name!r} takes "
+                f"{self._describe_inputs()}"
+            )
+        batch = 1
+        max_batch = self.resolved.max_batch_size
+        if max_batch > 0:
+            sizes = {name: (a.shape[0] if a.ndim else None) for name, a in feeds.items()}
+            if None in sizes.values():
+                scalar = next(n for n, s in sizes.items() if s is None)
+                raise InvalidInputError(
+                    f"input {scalar!r} is a scalar, but model {self.name!r} batches "
+                    f"(max_batch_size {max_batch}): its first dim is the batch dim"
+                )
+            distinct = set(sizes.values())
+            if len(distinct) > 1:
+                raise InvalidInputError(
+                    "the inputs disagree on the batch size (dim 0): "
+                    + ", ".join(f"{n!r} has {s}" for n, s in sizes.items())
+                )
+            batch = int(distinct.pop())  # type: ignore[arg-type]
+            if batch > max_batch:
+                raise InvalidInputError(
+                    f"batch size {batch} is above the max_batch_size {max_batch} of model "
+                    f"{self.name!r}; split the request"
+                )
+            if batch < 1:
+                raise InvalidInputError(f"batch size is 0; model {self.name!r} needs at least 1")
+        self._checker.check(feeds)
+        return feeds, batch
+
+    def output_plan(
+        self, requested: list[RequestedOutput] | None, binary_default: bool
+    ) -> tuple[list[str] | None, list[tuple[str, bool]]]:
+        """The outputs to compute (None: all) and ``(name, binary)`` for each one to send.
+
+        Raises:
+            InvalidInputError: an unknown output name.
+        """
+        if requested is None:
+            return None, [(name, binary_default) for name in self._output_names]
+        unknown = [r.name for r in requested if r.name not in self._output_set]
+        if unknown:
+            raise InvalidInputError(
+                f"unknown output {', '.join(map(repr, unknown))}; model {self.name!r} gives "
+                f"{', '.join(map(repr, self._output_names))}"
+            )
+        sends = [(r.name, binary_default if r.binary is None else r.binary) for r in requested]
+        return [r.name for r in requested], sends
+
+    async def infer(
+        self, feeds: dict[str, np.ndarray], outputs: list[str] | None, batch: int
+    ) -> BatchOutcome:
+        """Run one request: through the batcher, or alone on the next free instance.
+
+        Raises:
+            ExecutionError: the engine failed on this request.
+        """
+        if self.batcher is not None:
+            return await self.batcher.submit(feeds, outputs, batch)
+        arrival = time.perf_counter_ns()
+        instance = await self.pool.acquire()
+        try:
+            execution = await asyncio.get_running_loop().run_in_executor(
+                instance.executor, run_items, instance.session, [feeds], [batch], outputs, [None]
+            )
+        finally:
+            self.pool.release(instance)
+        for record in execution.records:
+            self._record_execution(record)
+        result = execution.results[0]
+        if isinstance(result, BaseException):
+            raise result
+        return BatchOutcome(result, execution.start_ns - arrival, execution.infer_ns, batch)
+
+    def _record_execution(self, record: ExecutionRecord) -> None:
+        self.recorder.execution(
+            batch_size=record.batch_size,
+            input_ns=record.input_ns,
+            infer_ns=record.infer_ns,
+            output_ns=record.output_ns,
+        )
+
+    def _describe_inputs(self) -> str:
+        return ", ".join(f"{n!r} ({t})" for n, t in self.input_types.items())
+
+    # -- what the metadata endpoints show -----------------------------------------------------
+
+    def tensor_metadata(self, outputs: bool = False) -> list[dict[str, Any]]:
+        """``[{"name", "datatype", "shape"}]`` with -1 for variable dims."""
+        specs = self.outputs if outputs else self.inputs
+        types = self.output_types if outputs else self.input_types
+        return [
+            {"name": s.name, "datatype": types[s.name], "shape": _kserve_shape(s.shape)}
+            for s in specs
+        ]
+
+
+def _kserve_shape(shape: tuple[Any, ...] | None) -> list[int]:
+    if shape is None:
+        return [-1]
+    return [d if isinstance(d, int) else -1 for d in shape]
+
+
+def _as_text(array: np.ndarray, name: str) -> np.ndarray:
+    """BYTES elements as ``str`` (what ONNX Runtime's string tensors take)."""
+    if array.size == 0 or not isinstance(array.flat[0], bytes):
+        return array
+    out = np.empty(array.shape, dtype=object)
+    flat = out.reshape(-1)
+    try:
+        for i, item in enumerate(array.reshape(-1)):
+            flat[i] = item.decode() if isinstance(item, bytes) else item
+    except UnicodeDecodeError:
+        raise InvalidInputError(
+            f"input {name!r}: element {i} is not UTF-8 text, which the model's string input needs"
+        ) from None
+    return out
