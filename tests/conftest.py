@@ -29,6 +29,8 @@ def mlp_path(save) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+def _private_cache(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Engine and auto-choice caches go to a folder of this test run, never the user's ~/.cache."""
     monkeypatch.setenv("FERRY_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "ferry-cache"))

@@ -31,9 +31,10 @@ httpx = pytest.importorskip("httpx")
 httpclient = pytest.importorskip("tritonclient.http")
 
 import serve_models as sm  # noqa: E402
-from ferry.serving import ServerThread, create_app  # noqa: E402
 from serve_models import DATATYPES, Reference  # noqa: E402
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype  # noqa: E402
+
+from ferry.serving import ServerThread, create_app  # noqa: E402
 
 API_KEY = "s3cret-token"
 SMALL_LIMIT = 4096  # bytes: the request size limit of the secured server
