@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ferry's main job on the bundled example: train the digits CNN in PyTorch, convert it (verified),
-# inspect, run and benchmark it.
+# inspect, run, benchmark and serve it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
@@ -31,3 +31,37 @@ PY
 
 echo; echo "==> 6. ferry bench: ONNX Runtime and OpenVINO at each precision, batch 1 and 32, saved into the artifact's report"
 ferry bench "$out" --backends onnxruntime,openvino --batch 1,32 --iterations 300 --plot "$out/bench.png" --save-report
+
+echo; echo "==> 7. ferry serve: the artifact over HTTP (KServe v2, as Triton speaks it), queried with Triton's own client"
+port="$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+ferry serve "$out" --port "$port" > "$out/serve.log" 2>&1 &
+server=$!
+trap 'kill -TERM $server 2>/dev/null || true' EXIT
+python - "$out" "$port" <<'PY'
+import sys, time
+import numpy as np
+import tritonclient.http as http
+
+out, port = sys.argv[1], sys.argv[2]
+client = http.InferenceServerClient(f"127.0.0.1:{port}")
+for _ in range(300):  # the server loads and warms the model before it reports ready
+    try:
+        if client.is_server_ready():
+            break
+    except Exception:
+        pass
+    time.sleep(0.1)
+else:
+    sys.exit(f"ferry serve did not become ready; see {out}/serve.log")
+(model,) = [m["name"] for m in client.get_model_repository_index()]
+digits = np.load(f"{out}/digits.npy")
+x = http.InferInput("x", list(digits.shape), "FP32")
+x.set_data_from_numpy(digits)
+logits = client.infer(model, [x]).as_numpy("output")
+print(f"served model {model!r} at http://127.0.0.1:{port}: predicted digits {logits.argmax(1).tolist()}")
+stats = client.get_inference_statistics(model)["model_stats"][0]
+print(f"server statistics: {stats['inference_count']} inferences in {stats['execution_count']} executions")
+PY
+kill -TERM $server && wait $server
+trap - EXIT
+echo "server stopped cleanly"
