@@ -1001,7 +1001,8 @@ def _ferry(*args: str) -> subprocess.Popen[str]:
     )
 
 
-def test_cli_serve_starts_serves_and_stops_on_sigint(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_cli_serve_starts_serves_and_stops(tmp_path: Path, stop: signal.Signals) -> None:
     path = tmp_path / "two_outputs.onnx"
     path.write_bytes(sm.two_outputs().SerializeToString())
     port = _free_port()
@@ -1024,7 +1025,7 @@ def test_cli_serve_starts_serves_and_stops_on_sigint(tmp_path: Path) -> None:
             assert response.status_code == 200, response.text
             outputs = {o["name"]: o["data"] for o in response.json()["outputs"]}
             assert outputs == {"sum": [2, 3, 4, 5], "prod": [2, 4, 6, 8]}
-        process.send_signal(signal.SIGINT)
+        process.send_signal(stop)
         code = process.wait(timeout=20)
     finally:
         if process.poll() is None:

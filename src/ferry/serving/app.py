@@ -28,7 +28,7 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ferry._version import __version__
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import Response
+    from starlette.types import Receive, Scope, Send
 
 __all__ = [
     "DEFAULT_MAX_REQUEST_BYTES",
@@ -113,9 +114,13 @@ class ServingState:
         return self.repository.started and not self.draining and self.startup_error is None
 
     def authorize(self, request: Request) -> None:
+        self.authorize_header(request.headers.get("authorization"))
+
+    def authorize_header(self, value: str | None) -> None:
+        """Check an ``Authorization`` header's value (None: absent) against the API key."""
         if self.api_key is None:
             return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        scheme, _, token = (value or "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
             token.strip().encode(), self.api_key.encode()
         ):
@@ -243,9 +248,15 @@ def create_app(
         assert isinstance(exc, HTTPException)
         return _json({"error": str(exc.detail)}, exc.status_code, exc.headers)
 
-    app = Starlette(
-        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
-    )
+    class FerryApp(Starlette):
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            target = _infer_target(scope)
+            if target is None:
+                await super().__call__(scope, receive, send)
+            else:
+                await _fast_infer(state, target, scope, receive, send)
+
+    app = FerryApp(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
     app.state.ferry = state
     return app
 
@@ -297,9 +308,12 @@ def _state(request: Request) -> ServingState:
 
 async def _read_body(request: Request, limit: int) -> bytearray:
     """The request body, refused with 413 past ``limit`` (announced or counted), decompressed."""
-    from starlette.requests import ClientDisconnect
+    return await _read_body_from(request.headers, request.receive, limit)
 
-    declared = request.headers.get("content-length")
+
+async def _read_body_from(headers: Mapping[str, str], receive: Receive, limit: int) -> bytearray:
+    """:func:`_read_body` on the raw ASGI ``receive`` (what the inference fast path has)."""
+    declared = headers.get("content-length")
     expected: int | None = None
     if declared is not None:
         try:
@@ -308,29 +322,28 @@ async def _read_body(request: Request, limit: int) -> bytearray:
             raise HTTPError(400, f"invalid Content-Length {declared!r}") from None
         if expected > limit:
             raise _too_large(expected, limit)
-    try:
-        if expected is not None:
-            body = bytearray(expected)
-            view = memoryview(body)
-            pos = 0
-            async for chunk in request.stream():
+    if expected is not None:
+        body = bytearray(expected)
+        view = memoryview(body)
+        pos = 0
+        try:
+            async for chunk in _chunks(receive):
                 end = pos + len(chunk)
                 if end > expected:
                     raise HTTPError(400, "the body is longer than its Content-Length")
                 view[pos:end] = chunk
                 pos = end
+        finally:
             view.release()
-            if pos != expected:
-                raise HTTPError(400, f"the body ended after {pos} of {expected} bytes")
-        else:
-            body = bytearray()
-            async for chunk in request.stream():
-                if len(body) + len(chunk) > limit:
-                    raise _too_large(len(body) + len(chunk), limit)
-                body += chunk
-    except ClientDisconnect:
-        raise HTTPError(400, "the client disconnected before sending the whole body") from None
-    encoding = request.headers.get("content-encoding", "").strip().lower()
+        if pos != expected:
+            raise HTTPError(400, f"the body ended after {pos} of {expected} bytes")
+    else:
+        body = bytearray()
+        async for chunk in _chunks(receive):
+            if len(body) + len(chunk) > limit:
+                raise _too_large(len(body) + len(chunk), limit)
+            body += chunk
+    encoding = headers.get("content-encoding", "").strip().lower()
     if encoding in ("", "identity"):
         return body
     if encoding not in ("gzip", "deflate"):
@@ -338,6 +351,20 @@ async def _read_body(request: Request, limit: int) -> bytearray:
             400, f"unsupported Content-Encoding {encoding!r}; send gzip, deflate or none"
         )
     return _decompress(body, encoding, limit)
+
+
+async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
+    """The body's chunks, as Starlette's ``Request.stream`` gives them."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.request":
+            chunk = message.get("body", b"")
+            if chunk:
+                yield chunk
+            if not message.get("more_body", False):
+                return
+        elif message["type"] == "http.disconnect":
+            raise HTTPError(400, "the client disconnected before sending the whole body")
 
 
 def _too_large(size: int, limit: int) -> HTTPError:
@@ -362,8 +389,8 @@ def _decompress(body: bytearray, encoding: str, limit: int) -> bytearray:
     raise HTTPError(400, f"the body is not valid {encoding} data")
 
 
-def _header_length(request: Request) -> int | None:
-    value = request.headers.get(_HEADER_LENGTH)
+def _header_length(headers: Mapping[str, str]) -> int | None:
+    value = headers.get(_HEADER_LENGTH)
     if value is None:
         return None
     try:
@@ -535,20 +562,40 @@ async def _unload(request: Request) -> Response:
 async def _infer(request: Request) -> Response:
     from starlette.responses import Response
 
+    status, headers, content = await _infer_core(
+        _state(request),
+        request.path_params["model"],
+        request.path_params.get("version"),
+        request.headers,
+        request.receive,
+    )
+    response = Response(content, status_code=status)
+    response.raw_headers = headers
+    return response
+
+
+async def _infer_core(
+    state: ServingState,
+    model: str,
+    version_name: str | None,
+    headers: Mapping[str, str],
+    receive: Receive,
+) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """Serve one inference request: its status, raw response headers and body.
+
+    The headers are those Starlette's ``Response`` would have sent, in its order.
+    """
     start = time.perf_counter_ns()
-    state = _state(request)
     try:
-        state.authorize(request)
-        version = state.repository.get(
-            request.path_params["model"], request.path_params.get("version")
-        )
+        state.authorize_header(headers.get("authorization"))
+        version = state.repository.get(model, version_name)
     except Exception as e:
-        return _error(e)
+        return _raw_error(e)
     version.enter()
     try:
         try:
-            body = await _read_body(request, state.max_request_bytes)
-            decoded = decode_request(body, _header_length(request))
+            body = await _read_body_from(headers, receive, state.max_request_bytes)
+            decoded = decode_request(body, _header_length(headers))
             feeds, batch = version.prepare(decoded)
             outputs, sends = version.output_plan(decoded.outputs, decoded.binary_output)
             prepared = time.perf_counter_ns()
@@ -560,17 +607,20 @@ async def _infer(request: Request) -> Response:
                 outputs=[(name, outcome.outputs[name], binary) for name, binary in sends],
                 request_id=decoded.id,
             )
-            content, encoding = _compress(content, request.headers.get("accept-encoding"))
+            content, encoding = _compress(content, headers.get("accept-encoding"))
         except Exception as e:
             status = status_of(e)
             version.recorder.failure(total_ns=time.perf_counter_ns() - start, status=status)
-            return _error(e, status)
-        headers = {}
+            return _raw_error(e, status)
+        raw: list[tuple[bytes, bytes]] = []
         if header_length is not None:
-            headers["Inference-Header-Content-Length"] = str(header_length)
+            raw.append((b"inference-header-content-length", str(header_length).encode()))
         if encoding is not None:
-            headers["Content-Encoding"] = encoding
-        media_type = "application/json" if header_length is None else "application/octet-stream"
+            raw.append((b"content-encoding", encoding.encode()))
+        raw.append((b"content-length", str(len(content)).encode()))
+        raw.append(
+            (b"content-type", _JSON_TYPE if header_length is None else _OCTET_TYPE),
+        )
         done = time.perf_counter_ns()
         version.recorder.success(
             total_ns=done - start,
@@ -579,6 +629,55 @@ async def _infer(request: Request) -> Response:
             infer_ns=outcome.infer_ns,
             output_ns=done - computed,
         )
-        return Response(content, headers=headers, media_type=media_type)
+        return 200, raw, content
     finally:
         version.exit()
+
+
+_JSON_TYPE = b"application/json"
+_OCTET_TYPE = b"application/octet-stream"
+
+
+def _raw_error(
+    error: BaseException, status: int | None = None
+) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """:func:`_error` as a status, raw headers and body."""
+    response = _error(error, status)
+    return response.status_code, response.raw_headers, bytes(response.body)
+
+
+def _infer_target(scope: Scope) -> tuple[str, str | None] | None:
+    """``(model, version)`` when the request is ``POST /v2/models/{m}[/versions/{v}]/infer``."""
+    if scope["type"] != "http" or scope["method"] != "POST":
+        return None
+    path: str = scope["path"]
+    root = scope.get("root_path", "")
+    if root and path.startswith(root) and path != root and path[len(root)] == "/":
+        path = path[len(root) :]  # what Starlette's router matches, as it strips it
+    if not (path.startswith("/v2/models/") and path.endswith("/infer")):
+        return None
+    parts = path[11:-6].split("/")
+    if len(parts) == 1 and parts[0]:
+        return parts[0], None
+    if len(parts) == 3 and parts[0] and parts[1] == "versions" and parts[2]:
+        return parts[0], parts[2]
+    return None
+
+
+async def _fast_infer(
+    state: ServingState, target: tuple[str, str | None], scope: Scope, receive: Receive, send: Send
+) -> None:
+    """Answer an inference request past Starlette's middleware and router.
+
+    Inference is the hot path: Starlette's layers (error and exception middleware, routing,
+    ``Request`` and ``Response`` objects) cost about as much per request as a batched engine run
+    does. The answers are the routed handler's, byte for byte.
+    """
+    headers: dict[str, str] = {}
+    for key, value in scope["headers"]:
+        name = key.decode("latin-1").lower()
+        if name not in headers:  # the first one wins, as in Starlette's Headers
+            headers[name] = value.decode("latin-1")
+    status, raw, content = await _infer_core(state, target[0], target[1], headers, receive)
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": content})

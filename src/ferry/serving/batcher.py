@@ -13,15 +13,16 @@ the instance's own thread; each request gets views of its rows of every output. 
 with :class:`~ferry.errors.ExecutionError`, its requests are rerun one by one, so only the request
 that makes the model fail gets the error.
 
-The event loop's timers are only as fine as a millisecond (epoll), so waits shorter than
-:data:`SPIN_BELOW_NS` are done by yielding to the loop instead of sleeping.
+While it waits for a batch to fill, the batcher sleeps on a timer for the deadline and is woken
+early only by an arrival that could fill the batch (enough rows queued in all), never by spinning:
+on a machine with few cores, a spinning wait takes the CPU the requests it waits for need. The
+event loop's timers are only as fine as a millisecond, so a wait may end up to about that late.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,16 +33,12 @@ import numpy as np
 from ferry.errors import ExecutionError
 
 __all__ = [
-    "SPIN_BELOW_NS",
     "BatchOutcome",
     "DynamicBatcher",
     "Execution",
     "ExecutionRecord",
     "run_items",
 ]
-
-#: Waits shorter than this yield to the event loop in a loop instead of arming a timer.
-SPIN_BELOW_NS = 2_000_000
 
 
 class _Runner(Protocol):
@@ -237,7 +234,11 @@ class DynamicBatcher:
         self._preferred = frozenset(s for s in preferred_batch_sizes if s <= max_batch_size)
         self._on_execution = on_execution
         self._pending: collections.deque[_Item] = collections.deque()
-        self._arrived = asyncio.Event()
+        #: Set while the batcher sleeps; resolved to wake it.
+        self._waiter: asyncio.Future[None] | None = None
+        #: Rows queued in all (any shape): a wait for a fuller batch is woken only when it can fill.
+        self._rows = 0
+        self._min_preferred = min(self._preferred, default=max_batch_size)
         self._running: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -268,13 +269,16 @@ class DynamicBatcher:
         self._pending.append(
             _Item(feeds, None if outputs is None else tuple(outputs), size, future)
         )
-        self._arrived.set()
+        self._rows += size
+        waiter = self._waiter
+        if waiter is not None and (self._rows >= self._min_preferred or len(self._pending) == 1):
+            self._wake()
         return await future
 
     async def close(self) -> None:
         """Run what is queued, wait for running batches, then stop."""
         self._closing = True
-        self._arrived.set()
+        self._wake()
         if self._task is not None:
             await self._task
         if self._running:
@@ -285,8 +289,7 @@ class DynamicBatcher:
             if not self._pending:
                 if self._closing:
                     return
-                self._arrived.clear()
-                await self._arrived.wait()
+                await self._sleep(None)
                 continue
             instance = await self._pool.acquire()
             try:
@@ -308,17 +311,27 @@ class DynamicBatcher:
             remaining = deadline - time.perf_counter_ns()
             if remaining <= 0:
                 break
-            if remaining < SPIN_BELOW_NS:
-                await asyncio.sleep(0)
-            else:
-                self._arrived.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(
-                        self._arrived.wait(), (remaining - SPIN_BELOW_NS // 2) / 1e9
-                    )
+            await self._sleep(remaining / 1e9)
         taken = {id(item) for item in chosen}
         self._pending = collections.deque(i for i in self._pending if id(i) not in taken)
+        self._rows -= sum(item.size for item in chosen)
         return chosen
+
+    async def _sleep(self, timeout: float | None) -> None:
+        """Wait until :meth:`_wake` or ``timeout`` seconds (None: no timeout)."""
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = None if timeout is None else loop.call_later(timeout, _resolve, waiter)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    def _wake(self) -> None:
+        if self._waiter is not None:
+            _resolve(self._waiter)
 
     def _select(self, key: tuple[Any, ...]) -> tuple[list[_Item], int, bool]:
         """The queued requests that fit with the oldest; cut to a preferred size when one forms."""
@@ -378,6 +391,11 @@ class DynamicBatcher:
         if self._on_execution is not None:
             for record in execution.records:
                 self._on_execution(record)
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _fail(batch: list[_Item], error: Exception) -> None:

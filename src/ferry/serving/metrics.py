@@ -3,7 +3,10 @@
 Each app has its own ``CollectorRegistry`` (never the process-wide one), so two servers in one
 process, or one per test, keep separate counts. Every series is labelled by model and version.
 Triton's ``model_stats`` are kept per loaded version by :class:`VersionStats`; both are updated by one
-:class:`VersionRecorder`, on the event loop only, so the plain counters need no locks.
+:class:`VersionRecorder`, on the event loop only, so the plain counters need no locks. A request's
+Prometheus updates cost several microseconds, as much as the rest of its bookkeeping on the batched
+path, so the recorder queues them and applies them in bulk: every :data:`FLUSH_EVERY` requests and
+before every rendering of ``/metrics``, so a scrape always sees every request answered before it.
 """
 
 from __future__ import annotations
@@ -11,7 +14,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["LATENCY_BUCKETS", "Metrics", "VersionRecorder", "VersionStats"]
+__all__ = ["FLUSH_EVERY", "LATENCY_BUCKETS", "Metrics", "VersionRecorder", "VersionStats"]
+
+#: Requests a recorder queues before it applies their Prometheus updates.
+FLUSH_EVERY = 64
 
 #: Latency histogram buckets, in seconds: 100 us to 10 s.
 LATENCY_BUCKETS = (
@@ -95,11 +101,19 @@ class Metrics:
             buckets=_BATCH_BUCKETS,
             registry=self.registry,
         )
+        #: The recorders whose queued updates :meth:`flush` applies.
+        self._recorders: list[VersionRecorder] = []
+
+    def flush(self) -> None:
+        """Apply the updates the recorders have queued (call it on the event loop)."""
+        for recorder in self._recorders:
+            recorder.flush()
 
     def render(self) -> tuple[bytes, str]:
-        """The text exposition format and its content type."""
+        """The text exposition format and its content type (on the event loop: it flushes)."""
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+        self.flush()
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
@@ -183,6 +197,9 @@ class VersionRecorder:
             self._queue = metrics.queue_duration.labels(*self._labels)
             self._compute = metrics.compute_duration.labels(*self._labels)
             self._batch = metrics.batch_size.labels(*self._labels)
+            metrics._recorders.append(self)
+        #: (total_ns, queue_ns) of the successful requests whose Prometheus updates are queued.
+        self._queued: list[tuple[int, int]] = []
 
     def success(
         self, *, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int
@@ -196,9 +213,21 @@ class VersionRecorder:
         s.compute_output.add(output_ns)
         s.last_inference_ms = time.time_ns() // 1_000_000
         if self._metrics is not None:
-            self._success.inc()
-            self._request.observe(total_ns / 1e9)
-            self._queue.observe(queue_ns / 1e9)
+            self._queued.append((total_ns, queue_ns))
+            if len(self._queued) >= FLUSH_EVERY:
+                self.flush()
+
+    def flush(self) -> None:
+        """Apply the queued requests' Prometheus updates."""
+        queued = self._queued
+        if not queued:
+            return
+        self._queued = []
+        self._success.inc(len(queued))
+        request, queue = self._request.observe, self._queue.observe
+        for total_ns, queue_ns in queued:
+            request(total_ns / 1e9)
+            queue(queue_ns / 1e9)
 
     def failure(self, *, total_ns: int, status: int) -> None:
         """A request answered with an error."""

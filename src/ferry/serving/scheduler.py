@@ -3,7 +3,7 @@
 A model version has ``instance_count`` instances (Triton's instance group): each is its own ferry
 ``Session`` with a dedicated one-thread executor, so at most one run per instance is in flight and a
 run never blocks the event loop. The engine's intra-op threads are sized so that the instances
-together do not oversubscribe the cores: ``max(1, cores // instances)``. Before a version reports
+together leave one core to the event loop: ``max(1, (cores - 1) // instances)``. Before a version reports
 ready, every instance runs once on generated inputs (batch 1 and, when it batches, its
 ``max_batch_size``), so the first request does not pay for the engine's lazy set-up.
 
@@ -56,9 +56,14 @@ def available_cores() -> int:
 
 
 def engine_threads(instances: int, cores: int | None = None) -> int:
-    """Intra-op threads per instance so that ``instances x threads <= cores`` (at least 1)."""
+    """Intra-op threads per instance so that ``instances x threads <= cores - 1`` (at least 1).
+
+    One core is left to the event loop (HTTP parsing, codec, batching): an engine whose threads
+    take every core makes them spin against the loop, and the loop then starves the engine of
+    requests. On 2 cores this is what lets dynamic batching pay (benchmarks/serving.py).
+    """
     cores = available_cores() if cores is None else cores
-    return max(1, cores // max(1, instances))
+    return max(1, (cores - 1) // max(1, instances))
 
 
 @dataclasses.dataclass

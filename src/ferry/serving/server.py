@@ -102,6 +102,8 @@ class ServerThread:
             log_level=self.log_level,
             lifespan="on",
             access_log=False,
+            # No proxy in front by default; its per-request header rewriting costs for nothing.
+            proxy_headers=False,
             timeout_graceful_shutdown=(
                 None if self.graceful_timeout is None else max(1, round(self.graceful_timeout))
             ),
