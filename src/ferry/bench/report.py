@@ -185,11 +185,7 @@ def table(results: dict[str, Any], *, compact: bool = False) -> Any:
 
 def notes(results: dict[str, Any]) -> list[str]:
     """One line per target with a note (an engine that took no node...), once, not per batch."""
-    seen: dict[str, str] = {}
-    for row in results["configurations"]:
-        if row["note"] and row["label"] not in seen:
-            seen[row["label"]] = row["note"]
-    return [f"{label}: {message}" for label, message in seen.items()]
+    return _once_per_label(results, "note")
 
 
 def partition_lines(results: dict[str, Any]) -> list[str]:
@@ -209,10 +205,15 @@ def partition_lines(results: dict[str, Any]) -> list[str]:
 
 def errors(results: dict[str, Any]) -> list[str]:
     """One line per configuration that failed (once per target, not per batch)."""
+    return _once_per_label(results, "error")
+
+
+def _once_per_label(results: dict[str, Any], key: str) -> list[str]:
+    """``label: row[key]`` for the first row of each label where it is set."""
     seen: dict[str, str] = {}
     for row in results["configurations"]:
-        if row["error"] and row["label"] not in seen:
-            seen[row["label"]] = row["error"]
+        if row[key] and row["label"] not in seen:
+            seen[row["label"]] = row[key]
     return [f"{label}: {message}" for label, message in seen.items()]
 
 
