@@ -26,8 +26,8 @@ import ferry
 from ferry import zoo
 from ferry.backends import get_backend, known_backends
 from ferry.errors import FerryError
-from ferry.graph import load_model, named_copy
-from ferry.runtime import Plan
+from ferry.graph import load_model, prepare
+from ferry.plan import Plan
 
 GOAL = 1.05
 
@@ -53,7 +53,7 @@ def raw_runner(backend: str, path: Path, threads: int | None) -> Callable[[dict[
     if backend == "onnxruntime":
         import onnxruntime as ort
 
-        from ferry.backends.onnxruntime import session_options
+        from ferry.backends._onnxruntime import session_options
 
         sess = ort.InferenceSession(
             str(path),
@@ -63,7 +63,7 @@ def raw_runner(backend: str, path: Path, threads: int | None) -> Callable[[dict[
         return lambda feeds: sess.run(None, feeds)
     if backend == "openvino":
         # The adapter first: it raises BackendUnavailableError, naming the extra, without openvino.
-        from ferry.backends.openvino import compile_config
+        from ferry.backends._openvino import compile_config
 
         ov = importlib.import_module("openvino")
 
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                     raw = raw_runner(engine, path, args.threads)
                 except FerryError:
                     continue
-                plan = Plan.whole_graph(named_copy(load_model(path)), engine)
+                plan = Plan.whole_graph(prepare(load_model(path)), engine)
                 session = ferry.load(path, plan=plan, threads=args.threads)
                 t = alternate(
                     {
@@ -144,13 +144,13 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"\n{'auto':<20}{'chosen':<26}{'auto us':>10}{'ORT fp32':>10}{'best single':>26}{'vs ORT':>8}{'vs best':>8}"
         )
-        from ferry.backends.auto import choose_plan
+        from ferry.runtime import auto_plan
 
         for model_name in args.models.split(","):
             path = Path(tmp) / f"{model_name}.onnx"
-            model = named_copy(load_model(path))
+            model = prepare(load_model(path))
             feeds = zoo.example_inputs(model_name, batch=1)
-            choice = choose_plan(
+            choice = auto_plan(
                 model, budget_s=args.auto_budget, feeds=feeds, threads=args.threads, cache=False
             )
             singles = [c for c in choice.candidates if c.passed and len(c.plan.backends) == 1]

@@ -24,7 +24,7 @@ import onnxruntime as ort
 
 import ferry
 from ferry import zoo
-from ferry.backends.onnxruntime import session_options
+from ferry.backends._onnxruntime import session_options
 
 GOAL = 1.05
 

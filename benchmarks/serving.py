@@ -51,7 +51,7 @@ import onnxruntime as ort
 
 import ferry
 from ferry import zoo
-from ferry.backends.onnxruntime import session_options
+from ferry.backends._onnxruntime import session_options
 
 GOAL = 2.0
 CONCURRENCY = (1, 8, 32)

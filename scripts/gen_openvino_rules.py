@@ -382,9 +382,9 @@ def run_form(cases: list[Any], form: Form) -> dict[str, Any]:
     from onnx import TensorProto, numpy_helper
     from onnx_ir.passes.common import NameFixPass
 
-    from ferry.backends.api import CompileSpec
-    from ferry.backends.openvino import OpenVINOBackend
-    from ferry.runtime.plan import Partition
+    from ferry.backends import CompileSpec
+    from ferry.backends._openvino import OpenVINOBackend
+    from ferry.plan import Partition
 
     case = cases[form.case]
     proto = build_form(cases, form)
@@ -608,7 +608,7 @@ def derive(
 def _admits(limits: dict[str, Any], ob: Observation) -> bool:
     """Whether an observation's node meets a variant's limits (types, attributes, rank, absent
     inputs), whatever its constness and dims."""
-    from ferry.backends.openvino import rules_from_data
+    from ferry.backends._openvino import rules_from_data
 
     probe = {k: v for k, v in limits.items() if k not in ("const", "dynamic", "nonempty")}
     (rule,) = rules_from_data([{**probe, "since": 1, "until": 10**6}])
@@ -764,8 +764,8 @@ def verify(
     from onnx_ir.passes.common import NameFixPass
 
     import ferry.backends._openvino_rules as data
-    from ferry.backends.openvino import rules_from_data
-    from ferry.backends.rules import RuleTable
+    from ferry.backends._openvino import rules_from_data
+    from ferry.backends import RuleTable
 
     importlib.reload(data)
     table = RuleTable(rules_from_data(data.RULES))

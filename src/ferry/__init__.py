@@ -21,12 +21,14 @@ from ferry.errors import (
     FerryError,
     InvalidInputError,
     ModelLoadError,
+    PlanError,
     UnsupportedOpError,
 )
 
 if TYPE_CHECKING:
     from ferry.converters import ConversionResult, convert
-    from ferry.runtime import Plan, Session, TensorSpec, load
+    from ferry.plan import Plan
+    from ferry.runtime import Session, TensorSpec, load
 
 __all__ = [
     "BackendUnavailableError",
@@ -37,6 +39,7 @@ __all__ = [
     "InvalidInputError",
     "ModelLoadError",
     "Plan",
+    "PlanError",
     "Session",
     "TensorSpec",
     "UnsupportedOpError",
@@ -48,7 +51,7 @@ __all__ = [
 _LAZY = {
     "load": "ferry.runtime",
     "Session": "ferry.runtime",
-    "Plan": "ferry.runtime",
+    "Plan": "ferry.plan",
     "TensorSpec": "ferry.runtime",
     "convert": "ferry.converters",
     "ConversionResult": "ferry.converters",

@@ -14,6 +14,7 @@ __all__ = [
     "FerryError",
     "InvalidInputError",
     "ModelLoadError",
+    "PlanError",
     "UnsupportedOpError",
 ]
 
@@ -45,6 +46,11 @@ class BackendUnavailableError(FerryError):
 
 class ConversionError(FerryError):
     """A conversion (format or opset) failed or produced a model that does not check."""
+
+
+class PlanError(FerryError):
+    """A plan does not fit its model: unknown or unassigned nodes, a partition reading a value no
+    earlier partition gives, a boundary of unknown type, a malformed plan file."""
 
 
 class ExecutionError(FerryError):

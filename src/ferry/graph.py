@@ -1,9 +1,11 @@
-"""Load, save and inspect models in the unified graph (ONNX held as ``onnx_ir.Model``).
+"""Load, save, prepare and inspect models in the unified graph (ONNX held as ``onnx_ir.Model``).
 
 ``load_model`` accepts a file, an artifact folder, an ``onnx_ir.Model`` or an ``onnx.ModelProto`` and
 always gives an ``ir.Model``; ``save_model`` writes one atomically (a reader never sees a half-written
-file, and a failed save leaves an existing file untouched); ``summarize`` describes a model: its
-inputs and outputs, opsets, op histogram, parameters and a FLOPs estimate.
+file, and a failed save leaves an existing file untouched); ``prepare`` gives the named, typed copy
+that plans, placement and sessions work on; ``summarize`` describes a model: its inputs and
+outputs, opsets, op histogram, parameters and a FLOPs estimate. ``subgraphs`` and ``node_reads``
+answer what an If/Loop/Scan node holds and reads, for everyone who walks a graph.
 """
 
 from __future__ import annotations
@@ -28,18 +30,21 @@ from ferry.errors import ModelLoadError
 
 __all__ = [
     "Dim",
+    "InferTypesPass",
     "ModelSummary",
     "TensorInfo",
-    "all_nodes",
     "atomic_path",
     "dtype_name",
     "graph_inputs",
     "infer_value_types",
     "load_model",
     "model_source_path",
-    "named_copy",
+    "named_subgraphs",
+    "node_reads",
+    "prepare",
     "resolve_model_file",
     "save_model",
+    "subgraphs",
     "summarize",
     "tensor_info",
 ]
@@ -120,17 +125,6 @@ def load_model(source: str | os.PathLike[str] | ir.Model | onnx.ModelProto) -> i
     return model
 
 
-def named_copy(model: ir.Model) -> ir.Model:
-    """A copy of ``model`` (weights shared, not copied) whose every node and value has a unique
-    name, which plans refer to. The same naming ``ferry.load`` applies, so plans made on the copy
-    fit sessions of the original."""
-    from onnx_ir.passes.common import NameFixPass
-
-    copy = model.clone()
-    NameFixPass()(copy)
-    return copy
-
-
 def model_source_path(model: ir.Model) -> Path | None:
     """The file ``model`` was loaded from, if it was loaded from a file by :func:`load_model`."""
     path = model.meta.get("ferry.source_path")
@@ -176,7 +170,7 @@ def _check_values_defined(model: ir.Model, what: str) -> None:
 
 def _check_external_data(model: ir.Model, path: Path) -> None:
     """Fail now, with the file name, rather than deep inside an engine when weights are missing."""
-    for graph in (model.graph, *_subgraphs(model.graph)):
+    for graph in (model.graph, *model.graph.subgraphs()):
         for value in graph.initializers.values():
             tensor = value.const_value
             if not isinstance(tensor, ir.ExternalTensor):
@@ -193,20 +187,6 @@ def _check_external_data(model: ir.Model, path: Path) -> None:
                     f"external data file {data_file} is too short for weight {value.name!r} "
                     f"(needs {end} bytes, has {data_file.stat().st_size}); it is truncated"
                 )
-
-
-def _subgraphs(graph: ir.Graph) -> Iterator[ir.Graph]:
-    for node in ir.traversal.RecursiveGraphIterator(graph):
-        for attr in node.attributes.values():
-            if attr.type == ir.AttributeType.GRAPH:
-                yield attr.as_graph()
-            elif attr.type == ir.AttributeType.GRAPHS:
-                yield from attr.as_graphs()
-
-
-def all_nodes(model: ir.Model) -> Iterator[ir.Node]:
-    """Every node of the model, subgraphs (If/Loop/Scan bodies) included."""
-    yield from ir.traversal.RecursiveGraphIterator(model.graph)
 
 
 @contextlib.contextmanager
@@ -276,8 +256,112 @@ def _param_bytes(model: ir.Model) -> int:
 
 
 def _initializers(model: ir.Model) -> Iterator[ir.Value]:
-    for graph in (model.graph, *_subgraphs(model.graph)):
+    for graph in (model.graph, *model.graph.subgraphs()):
         yield from graph.initializers.values()
+
+
+# ---------------------------------------------------------------------------------------------
+# Walking graphs
+
+
+def named_subgraphs(node: ir.Node) -> list[tuple[str, ir.Graph]]:
+    """``(attribute name, graph)`` for every graph ``node`` holds directly: If branches, Loop and
+    Scan bodies (none for most ops)."""
+    found: list[tuple[str, ir.Graph]] = []
+    for name, attr in node.attributes.items():
+        if attr.is_ref():
+            continue
+        if attr.type == ir.AttributeType.GRAPH:
+            found.append((name, attr.as_graph()))
+        elif attr.type == ir.AttributeType.GRAPHS:
+            found.extend((name, g) for g in attr.as_graphs())
+    return found
+
+
+def subgraphs(node: ir.Node) -> list[ir.Graph]:
+    """The graphs ``node`` holds directly (see :func:`named_subgraphs`)."""
+    return [graph for _, graph in named_subgraphs(node)]
+
+
+def node_reads(node: ir.Node) -> list[ir.Value]:
+    """Every value of ``node``'s graph that ``node`` reads: its inputs, then the outer values its
+    subgraphs read at any depth (If/Loop/Scan capture them), each once, in order of first read."""
+    reads: dict[ir.Value, None] = {v: None for v in node.inputs if v is not None}
+    graph = node.graph
+    for body in subgraphs(node):
+        for inner in body.all_nodes():
+            for value in inner.inputs:
+                # Only the node's own scope crosses; a body's values travel with the body.
+                if value is not None and value.graph is graph:
+                    reads[value] = None
+    return list(reads)
+
+
+# ---------------------------------------------------------------------------------------------
+# Preparing
+
+
+class InferTypesPass(ir.passes.InPlacePass):
+    """Give values the dtypes and shapes ONNX shape inference finds, where the model declares none.
+
+    Before -> After::
+
+        node output: dtype None, shape None  ->  dtype FLOAT, shape [batch, 8]   (as inferred)
+        node output: dtype FLOAT, shape [batch, 8]  ->  unchanged (declared types are kept)
+
+    Best effort: a model inference cannot handle (custom ops) keeps its declared types. Weights
+    above 1 KiB are left out of the proto given to inference (their types stay), so nothing large
+    is copied; onnx_ir's ``ShapeInferencePass`` would also deserialize the whole inferred model to
+    merge it back, which dominates on large graphs; this reads only the value infos.
+    """
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        inferred = _inferred_value_infos(model)
+        if inferred is None:
+            return ir.passes.PassResult(model, modified=False)
+        untyped = {
+            value.name or "": value
+            for node in model.graph
+            for value in node.outputs
+            if value.dtype is None or value.shape is None
+        }
+        modified = False
+        for info in inferred.graph.value_info:
+            target = untyped.get(info.name)
+            if target is None or not info.type.HasField("tensor_type"):
+                continue
+            tensor_type = info.type.tensor_type
+            if target.dtype is None and tensor_type.elem_type:
+                target.dtype = ir.DataType(tensor_type.elem_type)
+                modified = True
+            if target.shape is None and tensor_type.HasField("shape"):
+                target.shape = ir.Shape([_dim(d) for d in tensor_type.shape.dim])
+                modified = True
+        return ir.passes.PassResult(model, modified=modified)
+
+
+def prepare(model: ir.Model) -> ir.Model:
+    """The copy of ``model`` that plans, placement and sessions work on.
+
+    Before -> After::
+
+        model (nodes or values unnamed or named twice, intermediate types unknown)
+            -> copy: every node and value named uniquely (onnx_ir's ``NameFixPass``), value types
+               inferred where undeclared (:class:`InferTypesPass`)
+
+    Weights are shared, not copied, and ``model`` is not changed. Naming is deterministic, so a
+    plan made on one prepared copy fits every other copy of the same model.
+    """
+    from onnx_ir.passes.common import NameFixPass
+
+    try:
+        work = model.clone()
+    except RuntimeError:
+        # onnx_ir clones only topologically sorted graphs; a round trip through the proto takes
+        # any order (and copies the weights, which only such rare models pay for).
+        work = ir.from_proto(ir.to_proto(model))
+    ir.passes.PassManager([NameFixPass(), InferTypesPass()])(work)
+    return work
 
 
 # ---------------------------------------------------------------------------------------------
@@ -361,17 +445,13 @@ def graph_inputs(model: ir.Model) -> list[ir.Value]:
 
 
 def infer_value_types(model: ir.Model) -> dict[str, tuple[str | None, tuple[Dim, ...] | None]]:
-    """Run ONNX shape inference on a copy; map each value name to ``(dtype, shape)``.
+    """Run ONNX shape inference on ``model``; map each value name to ``(dtype, shape)``.
 
-    The model is not changed. Weights are not copied when they live in external data. Shape
-    inference failing (custom ops, malformed graphs) gives an empty mapping, not an error: it only
-    refines what ``summarize`` and sessions report.
+    The model is not changed. Shape inference failing (custom ops, malformed graphs) gives an empty
+    mapping, not an error: it only refines what is declared.
     """
-    try:
-        proto = ir.to_proto(model)
-        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
-    except Exception as e:  # onnx raises a zoo of types; inference is best effort here
-        logger.info("shape inference failed, shapes stay as declared: %s", e)
+    inferred = _inferred_value_infos(model)
+    if inferred is None:
         return {}
     found: dict[str, tuple[str | None, tuple[Dim, ...] | None]] = {}
     for vi in (*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input):
@@ -381,12 +461,57 @@ def infer_value_types(model: ir.Model) -> dict[str, tuple[str | None, tuple[Dim,
         dtype = dtype_name(ir.DataType(tt.elem_type)) if tt.elem_type else None
         shape: tuple[Dim, ...] | None = None
         if tt.HasField("shape"):
-            shape = tuple(
-                d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                for d in tt.shape.dim
-            )
+            shape = tuple(_dim(d) for d in tt.shape.dim)
         found[vi.name] = (dtype, shape)
     return found
+
+
+#: Weights larger than this are left out of the proto given to shape inference (their type stays).
+_INFERENCE_WEIGHT_LIMIT = 1024
+
+
+def _inferred_value_infos(model: ir.Model) -> onnx.ModelProto | None:
+    """ONNX shape inference's result on ``model`` with its large weights left out, or None.
+
+    The proto is made from a view of the graph in which weights above the limit are typed inputs
+    instead of initializers; the model itself is not changed.
+    """
+    graph = model.graph
+    small: list[ir.Value] = []
+    large: list[ir.Value] = []
+    for value in graph.initializers.values():
+        tensor = value.const_value
+        if tensor is not None and tensor.nbytes <= _INFERENCE_WEIGHT_LIMIT:
+            small.append(value)
+            continue
+        if tensor is not None:  # a weight's type is its tensor's, declared or not
+            value.shape = value.shape if value.shape is not None else ir.Shape(tensor.shape.numpy())
+            value.dtype = value.dtype if value.dtype is not None else tensor.dtype
+        if not value.is_graph_input():
+            large.append(value)
+    view = ir.GraphView(
+        [*graph.inputs, *large],
+        graph.outputs,
+        nodes=graph,
+        initializers=small,
+        opset_imports=dict(graph.opset_imports),
+        name=graph.name,
+    )
+    shell = ir.Model(
+        view,  # type: ignore[arg-type]  # onnx_ir serializes a GraphView like a Graph
+        ir_version=max(model.ir_version, 4),
+        functions=list(model.functions.values()),
+    )
+    try:
+        proto = ir.to_proto(shell)
+        return onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    except Exception as e:  # onnx raises a zoo of types; inference is best effort here
+        logger.info("shape inference failed, shapes stay as declared: %s", e)
+        return None
+
+
+def _dim(d: Any) -> Dim:
+    return d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
 
 
 def summarize(model: ir.Model) -> ModelSummary:
@@ -396,7 +521,7 @@ def summarize(model: ir.Model) -> ModelSummary:
     flops = 0
     unknown = 0
     node_count = 0
-    for node in all_nodes(model):
+    for node in model.graph.all_nodes():
         node_count += 1
         key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
         op_counts[key] += 1
@@ -426,7 +551,7 @@ def summarize(model: ir.Model) -> ModelSummary:
         param_bytes=sum(v.const_value.nbytes for v in params if v.const_value is not None),
         flops=flops,
         flops_unknown_nodes=unknown,
-        has_subgraphs=any(True for _ in _subgraphs(model.graph)),
+        has_subgraphs=any(True for _ in model.graph.subgraphs()),
         external_data=_has_external_data(model),
     )
 

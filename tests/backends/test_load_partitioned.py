@@ -18,10 +18,9 @@ import pytest
 from onnx import TensorProto, helper
 
 import ferry
-from ferry.backends import get_backend
-from ferry.backends.partition import partition
+from ferry.backends import get_backend, place
 from ferry.errors import InvalidInputError
-from ferry.graph import named_copy
+from ferry.graph import prepare
 
 pytestmark = pytest.mark.torch
 
@@ -117,15 +116,15 @@ def tiny_detector() -> ir.Model:
         ]
     )
     onnx.checker.check_model(proto)
-    return named_copy(ir.from_proto(proto))
+    return prepare(ir.from_proto(proto))
 
 
 @pytest.fixture(scope="module")
 def models() -> dict[str, ir.Model]:
     from ferry import zoo
 
-    built = {name: named_copy(zoo.build(name)) for name in ("digits_cnn", "mobilenet_v2")}
-    built["transformer_block"] = named_copy(zoo.build("transformer_block"))
+    built = {name: prepare(zoo.build(name)) for name in ("digits_cnn", "mobilenet_v2")}
+    built["transformer_block"] = prepare(zoo.build("transformer_block"))
     built["detector"] = tiny_detector()
     return built
 
@@ -184,7 +183,7 @@ def test_forced_split_gives_several_partitions_and_the_same_outputs(
     models: dict[str, ir.Model], name: str, force: list[str]
 ) -> None:
     model = models[name]
-    plan = partition(model, ["openvino"], force_cpu=force, min_partition_size=1)
+    plan = place(model, ["openvino"], force_cpu=force, min_partition_size=1)
     backends = [p.backend for p in plan.partitions]
     assert len(plan.partitions) >= 3 and {"openvino", "onnxruntime"} <= set(backends), backends
     session = ferry.load(model, plan=plan, cache_dir=False)
@@ -205,7 +204,7 @@ def test_detector_on_onnxruntime_alone(models: dict[str, ir.Model]) -> None:
 def test_auto_runs_the_choice_correctly_and_caches_it(
     models: dict[str, ir.Model], name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ferry.runtime import session as session_mod
+    from ferry.runtime import _session as session_mod
 
     monkeypatch.setattr(session_mod, "AUTO_BUDGET_S", 0.3)
     model = models[name]
@@ -213,7 +212,7 @@ def test_auto_runs_the_choice_correctly_and_caches_it(
     feeds = feeds_for(name, 2)
     assert_matches(first.run(feeds), ort_outputs(model, feeds))
     # The second load reuses the cached choice: the same plan, without measuring again.
-    from ferry.backends import auto
+    from ferry.runtime import _auto as auto
 
     monkeypatch.setattr(auto, "_candidates", _no_candidates)
     second = ferry.load(model, backends="auto", cache_dir=False)

@@ -16,17 +16,15 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_ir.passes.common import NameFixPass
 
 import models
-from ferry.backends import _onnxruntime_ops, get_backend
-from ferry.backends.api import CompiledPartition, CompileSpec
-from ferry.backends.onnxruntime import (
+from ferry.backends import CompiledPartition, CompileSpec, RuleTable, _onnxruntime_ops, get_backend
+from ferry.backends._onnxruntime import (
     OnnxRuntimeBackend,
     OnnxRuntimePartition,
     rules,
     select_providers,
 )
-from ferry.backends.rules import RuleTable
 from ferry.errors import BackendUnavailableError, InvalidInputError
-from ferry.runtime.plan import Partition
+from ferry.plan import Partition
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -107,7 +105,7 @@ def test_backend_declares_fp32_only_and_trusts_its_rules() -> None:
 
 
 def test_rule_data_is_for_this_onnxruntime() -> None:
-    from ferry.backends._onnxruntime_opsgen import max_opsets
+    from ferry.conformance._onnxruntime_opsgen import max_opsets
 
     if ort.__version__ != _onnxruntime_ops.ORT_VERSION:
         pytest.skip(f"table measured on onnxruntime {_onnxruntime_ops.ORT_VERSION}")
@@ -122,7 +120,7 @@ def test_rule_data_is_for_this_onnxruntime() -> None:
 @pytest.mark.slow
 def test_rule_data_regenerates_identically() -> None:
     """The recorded table is what the generator measures now (run after upgrading ORT/onnx)."""
-    from ferry.backends import _onnxruntime_opsgen
+    from ferry.conformance import _onnxruntime_opsgen
 
     if (ort.__version__, onnx.__version__) != (
         _onnxruntime_ops.ORT_VERSION,

@@ -18,12 +18,15 @@ from onnx_ir.passes.common import NameFixPass
 
 ov = pytest.importorskip("openvino")
 
-from ferry.backends import get_backend  # noqa: E402
-from ferry.backends.api import CompiledPartition, CompileSpec  # noqa: E402
-from ferry.backends.openvino import OpenVINOBackend, OpenVINOPartition  # noqa: E402
-from ferry.backends.rules import RuleTable  # noqa: E402
+from ferry.backends import (  # noqa: E402
+    CompiledPartition,
+    CompileSpec,
+    RuleTable,
+    get_backend,
+)
+from ferry.backends._openvino import OpenVINOBackend, OpenVINOPartition  # noqa: E402
 from ferry.errors import ExecutionError, InvalidInputError, ModelLoadError  # noqa: E402
-from ferry.runtime.plan import Partition  # noqa: E402
+from ferry.plan import Partition  # noqa: E402
 
 pytestmark = pytest.mark.openvino
 
@@ -354,7 +357,7 @@ def test_validate_rejects_what_the_cpu_plugin_does_not_run(backend: OpenVINOBack
 
 def test_validate_maps_decomposed_ops_to_their_node(backend: OpenVINOBackend) -> None:
     # LayerNormalization becomes MVN, Multiply, Add...: the generated names map back to "ln".
-    from ferry.backends.openvino import _convert_partially, _OwnerMap
+    from ferry.backends._openvino import _convert_partially, _OwnerMap
 
     graph = helper.make_graph(
         [helper.make_node("LayerNormalization", ["x", "s", "c"], ["y"], name="ln", axis=-1)],

@@ -25,15 +25,9 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_ir.passes.common import NameFixPass
 
 import models
-from ferry.backends.partition import (
-    DEFAULT_MIN_PARTITION_SIZE,
-    PartitionReport,
-    explain,
-    partition,
-)
-from ferry.backends.rules import OpRule
+from ferry.backends import DEFAULT_MIN_PARTITION_SIZE, OpRule, PlacementReport, explain, place
 from ferry.errors import BackendUnavailableError, FerryError, InvalidInputError
-from ferry.runtime.plan import Plan
+from ferry.plan import Plan
 
 OPSET = 17
 FALLBACK = "onnxruntime"
@@ -199,7 +193,7 @@ def check_plan(
         model = ir.from_proto(proto)
         NameFixPass()(model)
         by_name = {node.name: node for node in model.graph}
-        from ferry.backends.rules import RuleTable
+        from ferry.backends import RuleTable
 
         for p in plan.partitions:
             backend = tables.get(p.backend)
@@ -315,7 +309,7 @@ def test_random_dags_give_complete_ordered_convex_plans(
     scenario: tuple[onnx.ModelProto, list[FakeBackend], int, list[str]],
 ) -> None:
     proto, backends, min_size, forced = scenario
-    plan = partition(proto, backends, min_partition_size=min_size, force_cpu=forced)
+    plan = place(proto, backends, min_partition_size=min_size, force_cpu=forced)
     check_plan(proto, plan, {b.name: b for b in backends})
     # Forced nodes (by name or op) are on the fallback; Constants go with their reader.
     for p in plan.partitions:
@@ -330,7 +324,7 @@ def test_random_dags_give_complete_ordered_convex_plans(
 def test_with_size_one_every_supported_node_is_accelerated(
     proto: onnx.ModelProto, ops: set[str]
 ) -> None:
-    plan = partition(proto, [FakeBackend("accel", ops)], min_partition_size=1)
+    plan = place(proto, [FakeBackend("accel", ops)], min_partition_size=1)
     check_plan(proto, plan)
     for p in plan.partitions:
         for name in p.nodes:
@@ -346,7 +340,7 @@ def test_with_size_one_every_supported_node_is_accelerated(
 @given(random_dags())
 def test_explain_agrees_with_partition(proto: onnx.ModelProto) -> None:
     backends = [FakeBackend("accel", ["Add", "Relu", "Sum", "Concat"])]
-    plan = partition(proto, backends, min_partition_size=2)
+    plan = place(proto, backends, min_partition_size=2)
     report = explain(proto, backends, min_partition_size=2)
     assert report.plan == plan
     assert [v.node for v in report.nodes] == [n.name for n in proto.graph.node]
@@ -366,7 +360,7 @@ def test_forced_middle_node_gives_three_partitions() -> None:
     model = chain(["Relu", "Neg", "Sigmoid", "Tanh", "Abs"])
     accel = FakeBackend("accel", ["Relu", "Neg", "Sigmoid", "Tanh", "Abs"])
     for force in (["n2"], ["Sigmoid"]):
-        plan = partition(model, [accel], min_partition_size=1, force_cpu=force)
+        plan = place(model, [accel], min_partition_size=1, force_cpu=force)
         assert layout(plan) == [
             ("accel", ["n0", "n1"]),
             (FALLBACK, ["n2"]),
@@ -384,35 +378,33 @@ def test_forced_middle_node_gives_three_partitions() -> None:
 
 def test_without_force_one_partition_and_it_is_the_whole_graph() -> None:
     model = chain(["Relu", "Neg", "Sigmoid"])
-    plan = partition(model, [FakeBackend("accel", ["Relu", "Neg", "Sigmoid"])])
+    plan = place(model, [FakeBackend("accel", ["Relu", "Neg", "Sigmoid"])])
     assert plan == Plan.whole_graph(ir.from_proto(model), "accel")
 
 
 def test_min_partition_size_drops_tiny_groups() -> None:
     model = chain(["Relu", "Softmax", "Relu", "Identity", "Relu", "Relu"])
     accel = FakeBackend("accel", ["Relu", "Identity"])
-    assert layout(partition(model, [accel], min_partition_size=3)) == [
+    assert layout(place(model, [accel], min_partition_size=3)) == [
         (FALLBACK, ["n0", "n1"]),
         ("accel", ["n2", "n3", "n4", "n5"]),
     ]
     # Identity does not count: the second group computes 3 nodes, not 4.
-    assert layout(partition(model, [accel], min_partition_size=4)) == [
+    assert layout(place(model, [accel], min_partition_size=4)) == [
         (FALLBACK, [f"n{i}" for i in range(6)])
     ]
-    assert len(partition(model, [accel], min_partition_size=1).partitions) == 3
+    assert len(place(model, [accel], min_partition_size=1).partitions) == 3
     report = explain(model, [accel], min_partition_size=3)
     assert "min_partition_size=3" in report.node("n0").reasons["accel"]
     assert DEFAULT_MIN_PARTITION_SIZE == 3
     # A group that computes nothing (a lone Reshape) is never worth a boundary.
     lone = chain(["Softmax", "Identity", "Softmax"])
-    assert layout(partition(lone, [accel], min_partition_size=1)) == [
-        (FALLBACK, ["n0", "n1", "n2"])
-    ]
+    assert layout(place(lone, [accel], min_partition_size=1)) == [(FALLBACK, ["n0", "n1", "n2"])]
 
 
 def test_a_group_that_is_the_whole_model_is_kept_however_small() -> None:
     model = chain(["Relu"])
-    plan = partition(model, [FakeBackend("accel", ["Relu"])], min_partition_size=3)
+    plan = place(model, [FakeBackend("accel", ["Relu"])], min_partition_size=3)
     assert layout(plan) == [("accel", ["n0"])]
 
 
@@ -459,7 +451,7 @@ def test_a_shape_op_whose_result_is_data_is_not_a_shape_chain() -> None:
         helper.make_node("Cast", ["s"], ["y"], name="cast", to=TensorProto.FLOAT),
     ]
     model = make_model(nodes)
-    plan = partition(model, [FakeBackend("accel", ["Shape", "Cast"])], min_partition_size=1)
+    plan = place(model, [FakeBackend("accel", ["Shape", "Cast"])], min_partition_size=1)
     assert layout(plan) == [("accel", ["shape", "cast"])]
 
 
@@ -467,7 +459,7 @@ def test_explain_reasons_are_readable() -> None:
     model = models.mlp()
     accel = FakeBackend("accel", ["Gemm", "Relu", "MatMul"])
     report = explain(model, [accel], min_partition_size=1)
-    assert isinstance(report, PartitionReport)
+    assert isinstance(report, PlacementReport)
     verdict = report.node("softmax")
     assert verdict.backend == FALLBACK and verdict.op_type == "Softmax"
     assert verdict.reasons == {"accel": "Softmax is not supported"}
@@ -509,7 +501,7 @@ def test_engine_veto_splits_and_regroups() -> None:
     assert accel.validated == [[f"n{i}" for i in range(7)]]
     # validate=False trusts the rules alone.
     accel.validated.clear()
-    plan = partition(model, [accel], min_partition_size=1, validate=False)
+    plan = place(model, [accel], min_partition_size=1, validate=False)
     assert len(plan.partitions) == 1 and not accel.validated
 
 
@@ -519,7 +511,7 @@ def test_engine_failing_to_validate_is_a_ferry_error() -> None:
             raise RuntimeError("engine crashed")
 
     with pytest.raises(FerryError, match="'broken' failed while validating.*engine crashed"):
-        partition(chain(["Relu"]), [Broken("broken", ["Relu"])])
+        place(chain(["Relu"]), [Broken("broken", ["Relu"])])
 
 
 def test_priority_order_and_the_fallback_in_the_list() -> None:
@@ -530,13 +522,13 @@ def test_priority_order_and_the_fallback_in_the_list() -> None:
     assert layout(report.plan) == [("first", ["n0", "n1"]), ("second", ["n2", "n3"])]
     assert report.node("n2").reasons == {"first": "Sigmoid is not supported"}
     # Backends after the fallback get nothing; the fallback may be given by name or object.
-    from ferry.backends.onnxruntime import OnnxRuntimeBackend
+    from ferry.backends._onnxruntime import OnnxRuntimeBackend
 
     for fallback in (FALLBACK, OnnxRuntimeBackend()):
-        plan = partition(model, [fallback, second], min_partition_size=1)
+        plan = place(model, [fallback, second], min_partition_size=1)
         assert layout(plan) == [(FALLBACK, ["n0", "n1", "n2", "n3"])]
-    assert partition(model, "onnxruntime") == Plan.whole_graph(ir.from_proto(model))
-    assert partition(model, []) == Plan.whole_graph(ir.from_proto(model))
+    assert place(model, "onnxruntime") == Plan.whole_graph(ir.from_proto(model))
+    assert place(model, []) == Plan.whole_graph(ir.from_proto(model))
 
 
 def test_two_backends_never_make_a_cycle() -> None:
@@ -550,7 +542,7 @@ def test_two_backends_never_make_a_cycle() -> None:
     ]
     model = make_model(nodes)
     backends = [FakeBackend("first", ["Relu", "Abs"]), FakeBackend("second", ["Neg", "Tanh"])]
-    plan = partition(model, backends, min_partition_size=1)
+    plan = place(model, backends, min_partition_size=1)
     check_plan(model, plan, {b.name: b for b in backends})
     assert sorted(n for p in plan.partitions if p.backend == "first" for n in p.nodes) == ["a", "c"]
 
@@ -558,12 +550,12 @@ def test_two_backends_never_make_a_cycle() -> None:
 def test_subgraph_node_is_one_unit_and_its_captures_are_inputs() -> None:
     model = models.with_if()
     accel = FakeBackend("accel", ["ReduceSum", "Greater", "Mul", "Neg"])
-    plan = partition(model, [accel], min_partition_size=1)
+    plan = place(model, [accel], min_partition_size=1)
     assert layout(plan) == [("accel", ["sum", "positive"]), (FALLBACK, ["branch"])]
     # x is read only inside the branches: it is still an input of the If's partition.
     assert plan.partitions[1].inputs == ("cond", "x")
     check_plan(model, plan)
-    with_if = partition(model, [FakeBackend("accel", ["If", "ReduceSum", "Greater"])])
+    with_if = place(model, [FakeBackend("accel", ["If", "ReduceSum", "Greater"])])
     assert len(with_if.partitions) == 1
 
 
@@ -608,7 +600,7 @@ def test_a_partition_of_dead_code_still_has_outputs() -> None:
         helper.make_node("Relu", ["x"], ["y"], name="relu"),
     ]
     model = make_model(nodes)
-    plan = partition(model, [FakeBackend("accel", ["Sigmoid"])], min_partition_size=1)
+    plan = place(model, [FakeBackend("accel", ["Sigmoid"])], min_partition_size=1)
     assert [(p.backend, p.nodes, p.outputs) for p in plan.partitions] == [
         ("accel", ("const", "dead"), ("unused",)),
         (FALLBACK, ("relu",), ("y",)),
@@ -621,7 +613,7 @@ def test_caller_model_is_untouched_and_names_match_ferry_load() -> None:
         node.name = ""
     model = ir.from_proto(proto)
     before = onnx.printer.to_text(ir.to_proto(model))
-    plan = partition(model, [FakeBackend("accel", ["Gemm", "Relu"])], min_partition_size=1)
+    plan = place(model, [FakeBackend("accel", ["Gemm", "Relu"])], min_partition_size=1)
     assert onnx.printer.to_text(ir.to_proto(model)) == before
     assert all(node.name in ("", None) for node in model.graph)
     named = model.clone()
@@ -665,7 +657,7 @@ def test_unsorted_graph_is_sorted_and_cycles_are_refused() -> None:
     reordered = list(proto.graph.node)[::-1]
     del proto.graph.node[:]
     proto.graph.node.extend(reordered)
-    plan = partition(proto, [FakeBackend("accel", ["Neg"])], min_partition_size=1)
+    plan = place(proto, [FakeBackend("accel", ["Neg"])], min_partition_size=1)
     assert layout(plan) == [(FALLBACK, ["n0"]), ("accel", ["n1"]), (FALLBACK, ["n2"])]
     cyclic = make_model(
         [
@@ -675,25 +667,25 @@ def test_unsorted_graph_is_sorted_and_cycles_are_refused() -> None:
         ]
     )
     with pytest.raises(FerryError, match="cycle"):
-        partition(ir.from_proto(cyclic), ["onnxruntime"])
+        place(ir.from_proto(cyclic), ["onnxruntime"])
 
 
 def test_bad_arguments() -> None:
     model = chain(["Relu"])
     with pytest.raises(InvalidInputError, match="min_partition_size"):
-        partition(model, [], min_partition_size=0)
+        place(model, [], min_partition_size=0)
     with pytest.raises(BackendUnavailableError, match="no-such-engine"):
-        partition(model, ["no-such-engine"])
+        place(model, ["no-such-engine"])
 
 
 def test_unmatched_force_cpu_entry_is_logged(caplog: pytest.LogCaptureFixture) -> None:
-    partition(chain(["Relu"]), [], force_cpu=["Softmx"])
+    place(chain(["Relu"]), [], force_cpu=["Softmx"])
     assert "Softmx" in caplog.text
 
 
 def test_plan_round_trips_through_json() -> None:
     model = chain(["Relu", "Softmax", "Relu", "Relu", "Relu"])
-    plan = partition(model, [FakeBackend("accel", ["Relu"])], min_partition_size=1)
+    plan = place(model, [FakeBackend("accel", ["Relu"])], min_partition_size=1)
     assert Plan.from_json(plan.to_json()) == plan
 
 
@@ -702,7 +694,7 @@ def test_plan_round_trips_through_json() -> None:
 
 def ort_backend(name: str, ops: Iterable[str]) -> object:
     """An ONNX Runtime backend that claims only ``ops``: runs partitions exactly like ORT."""
-    from ferry.backends.onnxruntime import OnnxRuntimeBackend
+    from ferry.backends._onnxruntime import OnnxRuntimeBackend
 
     class Restricted(OnnxRuntimeBackend):
         def rules(self) -> list[OpRule]:
@@ -722,7 +714,7 @@ def registered(*backends: object) -> Iterator[None]:
 
     with pytest.MonkeyPatch.context() as mp:
         for backend in backends:
-            mp.setitem(ferry.backends._instances, backend.name, backend)  # type: ignore[attr-defined]
+            mp.setitem(ferry.backends._registry._instances, backend.name, backend)  # type: ignore[attr-defined]
         yield
 
 
@@ -742,9 +734,8 @@ def run_both(proto: onnx.ModelProto, plan: Plan, feeds: dict[str, np.ndarray]) -
 def test_partitioned_random_dags_match_onnxruntime(
     proto: onnx.ModelProto, ops: set[str], ops2: set[str]
 ) -> None:
-    pytest.importorskip("ferry.runtime.lower")
     accel, accel2 = ort_backend("accel", ops), ort_backend("accel2", ops2)
-    plan = partition(proto, [accel, accel2], min_partition_size=1)  # type: ignore[list-item]
+    plan = place(proto, [accel, accel2], min_partition_size=1)  # type: ignore[list-item]
     rng = np.random.default_rng(0)
     feeds = {
         i.name: rng.uniform(-1, 1, (2, 3)).astype(np.float32)
@@ -756,7 +747,6 @@ def test_partitioned_random_dags_match_onnxruntime(
 
 
 def test_partitioned_shape_chain_and_subgraph_models_match_onnxruntime() -> None:
-    pytest.importorskip("ferry.runtime.lower")
     accel = ort_backend("accel", ["Relu", "Reshape", "Sigmoid", "ReduceSum", "Greater"])
     # (Constant is not in the list: it goes where its first reader goes.)
     rng = np.random.default_rng(1)
@@ -768,7 +758,7 @@ def test_partitioned_shape_chain_and_subgraph_models_match_onnxruntime() -> None
     ]
     with registered(accel):
         for proto, feeds in cases:
-            plan = partition(proto, [accel], min_partition_size=1)  # type: ignore[list-item]
+            plan = place(proto, [accel], min_partition_size=1)  # type: ignore[list-item]
             assert len(plan.partitions) > 1
             run_both(proto, plan, feeds)
 
@@ -803,11 +793,10 @@ def test_zoo_models_partition_and_match_onnxruntime(
     assert elapsed < 5, f"partitioning {name} took {elapsed:.1f} s"
     check_plan(proto, report.plan, {"accel": accel})
     assert "accel" in report.plan.backends
-    assert partition(model, [accel], min_partition_size=1) == report.plan
+    assert place(model, [accel], min_partition_size=1) == report.plan
     if name in ("mobilenet_v2", "transformer_block"):
         assert FALLBACK in report.plan.backends  # HardSwish / Softmax, LayerNorm, Gelu
 
-    pytest.importorskip("ferry.runtime.lower")
     ort_accel = ort_backend("accel", ZOO_ACCEL_OPS)
     feeds = zoo.example_inputs(name, batch=2)
     with registered(ort_accel):

@@ -33,12 +33,16 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_ir.passes.common import NameFixPass
 
 import models
-from ferry.backends import get_backend, known_backends
-from ferry.backends import tensorrt as trt_backend
-from ferry.backends._tensorrt_rules import MAX_OPSET, MIN_OPSET, rules, table
-from ferry.backends.api import CompiledPartition, CompileSpec
-from ferry.backends.rules import RuleTable
-from ferry.backends.tensorrt import (
+from ferry.backends import (
+    CompiledPartition,
+    CompileSpec,
+    RuleTable,
+    _cuda,
+    get_backend,
+    known_backends,
+)
+from ferry.backends import _tensorrt as trt_backend
+from ferry.backends._tensorrt import (
     DEFAULT_MAX_BATCH,
     BuildOptions,
     TensorRTBackend,
@@ -46,13 +50,14 @@ from ferry.backends.tensorrt import (
     build_options,
     profile_shapes,
 )
+from ferry.backends._tensorrt_rules import MAX_OPSET, MIN_OPSET, rules, table
 from ferry.errors import (
     BackendUnavailableError,
     FerryError,
     InvalidInputError,
     ModelLoadError,
 )
-from ferry.runtime.plan import Partition
+from ferry.plan import Partition
 
 RNG = np.random.default_rng(0)
 
@@ -893,7 +898,8 @@ def fake_sdk(monkeypatch: pytest.MonkeyPatch) -> Iterator[_FakeTensorRT]:
 
 def _clear_caches() -> None:
     trt_backend.unavailable_reason.cache_clear()
-    trt_backend._compute_capability.cache_clear()
+    _cuda.device_problem.cache_clear()
+    _cuda.compute_capability.cache_clear()
 
 
 def _digits_like() -> onnx.ModelProto:

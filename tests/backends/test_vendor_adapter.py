@@ -13,8 +13,7 @@ import onnxruntime as ort
 import pytest
 
 import ferry
-from ferry.backends import ENTRY_POINT_GROUP, get_backend, known_backends
-from ferry.backends.partition import explain
+from ferry.backends import ENTRY_POINT_GROUP, explain, get_backend, known_backends
 
 pytestmark = pytest.mark.torch
 
@@ -76,9 +75,9 @@ def test_partitioned_by_rules_and_veto_and_correct(name: str, tmp_path: Path) ->
 
 def _groups(model: ir.Model) -> dict[str, int]:
     """Each Conv's ``group`` by node name, as the partitioner names the nodes."""
-    from ferry.graph import named_copy
+    from ferry.graph import prepare
 
-    named = named_copy(model)
+    named = prepare(model)
     return {
         node.name or "": node.attributes["group"].as_int() if "group" in node.attributes else 1
         for node in named.graph

@@ -28,7 +28,7 @@ from ferry.bench.runner import (
     run_bench,
 )
 from ferry.errors import BackendUnavailableError, FerryError, InvalidInputError
-from ferry.runtime.plan import Partition, Plan
+from ferry.plan import Partition, Plan
 
 
 def _available(name: str) -> bool:

@@ -24,9 +24,10 @@ import onnx_ir as ir
 import pytest
 
 import ferry.backends
-from ferry.backends import conformance, get_backend, known_backends
-from ferry.backends.api import CompileSpec
-from ferry.backends.conformance import (
+from ferry import conformance
+from ferry.backends import CompileSpec, OpRule, RuleTable, get_backend, known_backends
+from ferry.backends._onnxruntime import OnnxRuntimeBackend, OnnxRuntimePartition
+from ferry.conformance._run import (
     CaseResult,
     ConformanceReport,
     collect_cases,
@@ -37,8 +38,6 @@ from ferry.backends.conformance import (
     sample_cases,
     write_table,
 )
-from ferry.backends.onnxruntime import OnnxRuntimeBackend, OnnxRuntimePartition
-from ferry.backends.rules import OpRule, RuleTable
 from ferry.errors import BackendUnavailableError, ExecutionError
 
 
@@ -270,8 +269,10 @@ def register(monkeypatch: pytest.MonkeyPatch):
     """register(cls) -> name: make a fake backend findable by ``get_backend``."""
 
     def _register(cls: type[FakeOrt]) -> str:
-        monkeypatch.setitem(ferry.backends._BUILTIN, cls.name, f"{__name__}:{cls.__name__}")
-        monkeypatch.delitem(ferry.backends._instances, cls.name, raising=False)
+        monkeypatch.setitem(
+            ferry.backends._registry._BUILTIN, cls.name, f"{__name__}:{cls.__name__}"
+        )
+        monkeypatch.delitem(ferry.backends._registry._instances, cls.name, raising=False)
         return cls.name
 
     return _register
@@ -418,7 +419,7 @@ def test_check_backend_skips_a_backend_without_rules(monkeypatch) -> None:
         def rules(self) -> Sequence[OpRule]:
             raise NotImplementedError
 
-    monkeypatch.setitem(ferry.backends._instances, NoRules.name, NoRules())
+    monkeypatch.setitem(ferry.backends._registry._instances, NoRules.name, NoRules())
     with pytest.raises(pytest.skip.Exception, match="publishes no rules"):
         check_backend(NoRules.name, full=False)
 
@@ -503,7 +504,7 @@ def test_collection_survives_an_earlier_filtered_collect() -> None:
     code = (
         "from onnx.backend.test.case.node import collect_testcases\n"
         "assert {c.name[:9] for c in collect_testcases(op_type='Relu')} == {'test_relu'}\n"
-        "from ferry.backends.conformance import collect_cases\n"
+        "from ferry.conformance._run import collect_cases\n"
         "cases = collect_cases()\n"
         "assert len(cases) > 1000, len(cases)\n"
         "assert len({c.name for c in cases}) == len(cases)\n"

@@ -17,10 +17,9 @@ from click.testing import CliRunner
 import ferry
 import ferry.backends
 import models
-from ferry.backends.api import CompileSpec
-from ferry.backends.rules import OpRule
+from ferry.backends import CompileSpec, OpRule
 from ferry.cli.main import cli
-from ferry.runtime import Plan
+from ferry.plan import Plan
 
 
 def ferry_cli(*args: str | Path) -> tuple[int, str, str]:
@@ -76,8 +75,12 @@ class WrongRelu:
 @pytest.fixture
 def wrong(monkeypatch: pytest.MonkeyPatch) -> WrongRelu:
     backend = WrongRelu()
-    monkeypatch.setitem(ferry.backends._instances, "wrongrelu", backend)
-    monkeypatch.setattr(ferry.backends, "_BUILTIN", {**ferry.backends._BUILTIN, "wrongrelu": "-"})
+    monkeypatch.setitem(ferry.backends._registry._instances, "wrongrelu", backend)
+    monkeypatch.setattr(
+        ferry.backends._registry,
+        "_BUILTIN",
+        {**ferry.backends._registry._BUILTIN, "wrongrelu": "-"},
+    )
     return backend
 
 

@@ -20,11 +20,10 @@ from onnx_ir.passes.common import NameFixPass
 import ferry
 import ferry.backends
 import models
-from ferry.backends.api import CompileSpec
-from ferry.backends.rules import OpRule
-from ferry.runtime import cache as cache_mod
-from ferry.runtime.cache import EngineCache, engine_key, resolve_cache
-from ferry.runtime.plan import Partition, Plan
+from ferry.backends import CompileSpec, OpRule
+from ferry.plan import Partition, Plan
+from ferry.runtime import EngineCache, engine_key, resolve_cache
+from ferry.runtime import _cache as cache_mod
 
 MAGIC = b"FAKE-ENGINE\n"
 X = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
@@ -94,7 +93,7 @@ class FakeBackend:
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeBackend:
     backend = FakeBackend()
-    monkeypatch.setitem(ferry.backends._instances, "fake", backend)
+    monkeypatch.setitem(ferry.backends._registry._instances, "fake", backend)
     monkeypatch.setattr(cache_mod, "_EMPTY_BLOB_BACKENDS", set())
     return backend
 
@@ -245,7 +244,7 @@ def test_backend_with_nothing_to_store_is_hashed_once(
     monkeypatch: pytest.MonkeyPatch, cache_dir: Path
 ) -> None:
     backend = FakeBackend(empty=True)
-    monkeypatch.setitem(ferry.backends._instances, "fake", backend)
+    monkeypatch.setitem(ferry.backends._registry._instances, "fake", backend)
     monkeypatch.setattr(cache_mod, "_EMPTY_BLOB_BACKENDS", set())
     calls: list[str] = []
     real_key = cache_mod.engine_key

@@ -12,8 +12,8 @@ from onnx_ir.passes.common import NameFixPass
 
 import models
 from ferry.errors import FerryError
-from ferry.runtime.lower import check_plan, lower_plan, partition_model
-from ferry.runtime.plan import Partition, Plan
+from ferry.plan import Partition, Plan, check_plan, cut_partition
+from ferry.runtime import lower_plan
 
 
 def named(proto: onnx.ModelProto) -> ir.Model:
@@ -37,8 +37,8 @@ def fingerprint(model: ir.Model) -> bytes:
 def test_mlp_halves_are_standalone_models() -> None:
     model = named(models.mlp())
     before = fingerprint(model)
-    first = partition_model(model, Partition("onnxruntime", ("fc1", "relu"), ("x",), ("r",)))
-    second = partition_model(model, Partition("onnxruntime", ("fc2", "softmax"), ("r",), ("y",)))
+    first = cut_partition(model, Partition("onnxruntime", ("fc1", "relu"), ("x",), ("r",)))
+    second = cut_partition(model, Partition("onnxruntime", ("fc2", "softmax"), ("r",), ("y",)))
 
     assert [v.name for v in first.graph.inputs] == ["x"]
     assert [v.name for v in first.graph.outputs] == ["r"]
@@ -61,13 +61,13 @@ def test_mlp_halves_are_standalone_models() -> None:
 
 def test_nodes_follow_the_models_order_whatever_the_partition_says() -> None:
     model = named(models.mlp())
-    sub = partition_model(model, Partition("onnxruntime", ("relu", "fc1"), ("x",), ("r",)))
+    sub = cut_partition(model, Partition("onnxruntime", ("relu", "fc1"), ("x",), ("r",)))
     assert [n.name for n in sub.graph] == ["fc1", "relu"]
 
 
 def test_if_bodies_come_along_and_their_outer_reads_are_inputs() -> None:
     model = named(models.with_if())
-    sub = partition_model(model, Partition("onnxruntime", ("branch",), ("cond", "x"), ("y",)))
+    sub = cut_partition(model, Partition("onnxruntime", ("branch",), ("cond", "x"), ("y",)))
     # 'two' is read only inside the then-branch: it comes along as an initializer.
     assert sorted(sub.graph.initializers) == ["two"]
     x = np.ones((2, 4), np.float32)
@@ -80,7 +80,7 @@ def test_if_bodies_come_along_and_their_outer_reads_are_inputs() -> None:
     assert body_mul.inputs[0] is sub.graph.inputs[1]
 
     with pytest.raises(FerryError, match=r"node 'branch' \(If\) reads 'x'.*not among its inputs"):
-        partition_model(model, Partition("onnxruntime", ("branch",), ("cond",), ("y",)))
+        cut_partition(model, Partition("onnxruntime", ("branch",), ("cond",), ("y",)))
 
 
 def test_functions_and_metadata_carry_over() -> None:
@@ -99,7 +99,7 @@ def test_functions_and_metadata_carry_over() -> None:
     proto.graph.node.append(helper.make_node("Double", ["y"], ["y2"], name="dbl", domain="local"))
     proto.graph.output[0].name = "y2"
     model = named(proto)
-    sub = partition_model(model, Partition("onnxruntime", ("softmax", "dbl"), ("logits",), ("y2",)))
+    sub = cut_partition(model, Partition("onnxruntime", ("softmax", "dbl"), ("logits",), ("y2",)))
     assert ("local", "Double", "") in sub.functions
     assert sub.functions[("local", "Double", "")] is not model.functions[("local", "Double", "")]
     assert sub.opset_imports["local"] == 1
@@ -111,7 +111,7 @@ def test_functions_and_metadata_carry_over() -> None:
 
 def test_ir3_models_lower_to_ir4_without_weights_as_inputs() -> None:
     model = named(models.initializer_as_input(ir_version=3))
-    sub = partition_model(model, Partition("onnxruntime", ("add",), ("x",), ("y",)))
+    sub = cut_partition(model, Partition("onnxruntime", ("add",), ("x",), ("y",)))
     assert sub.ir_version == 4
     assert [v.name for v in sub.graph.inputs] == ["x"]
     out = run(sub, {"x": np.zeros((2, 4), np.float32)})["y"]
@@ -120,7 +120,7 @@ def test_ir3_models_lower_to_ir4_without_weights_as_inputs() -> None:
 
 def test_overridable_weights_stay_overridable() -> None:
     model = named(models.initializer_as_input(ir_version=8))
-    sub = partition_model(model, Partition("onnxruntime", ("add",), ("x",), ("y",)))
+    sub = cut_partition(model, Partition("onnxruntime", ("add",), ("x",), ("y",)))
     assert [v.name for v in sub.graph.inputs] == ["x", "bias"]
     assert "bias" in sub.graph.initializers
     x = np.zeros((2, 4), np.float32)
@@ -130,7 +130,7 @@ def test_overridable_weights_stay_overridable() -> None:
 
 def test_a_weight_declared_as_input_stays_a_weight() -> None:
     model = named(models.mlp())
-    sub = partition_model(model, Partition("onnxruntime", ("fc2",), ("r", "w2"), ("logits",)))
+    sub = cut_partition(model, Partition("onnxruntime", ("fc2",), ("r", "w2"), ("logits",)))
     assert [v.name for v in sub.graph.inputs] == ["r"]
     assert list(sub.graph.initializers) == ["w2"]
 
@@ -141,7 +141,7 @@ def test_folded_values_become_weights() -> None:
     known = np.full((1, 8), 0.5, np.float32)
     r = next(v for n in model.graph for v in n.outputs if v.name == "r")
     r.const_value = ir.Tensor(known, name="r")
-    sub = partition_model(model, Partition("onnxruntime", ("fc2",), (), ("logits",)))
+    sub = cut_partition(model, Partition("onnxruntime", ("fc2",), (), ("logits",)))
     assert "r" in sub.graph.initializers and not sub.graph.inputs
     w2_tensor = model.graph.initializers["w2"].const_value
     assert w2_tensor is not None
@@ -165,12 +165,12 @@ def test_constant_nodes_of_other_partitions_are_copied_in() -> None:
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     proto.ir_version = 8
     model = named(proto)
-    sub = partition_model(model, Partition("onnxruntime", ("add",), ("a",), ("y",)))
+    sub = cut_partition(model, Partition("onnxruntime", ("add",), ("a",), ("y",)))
     assert [n.name for n in sub.graph] == ["k_const", "add"]
     assert [n.name for n in model.graph] == ["k_const", "mul", "add"]  # copied, not moved
     np.testing.assert_array_equal(run(sub, {"a": np.ones(2, np.float32)})["y"], [4.0, 4.0])
     # Declared as an input instead, it is fed like any other value.
-    fed = partition_model(model, Partition("onnxruntime", ("add",), ("a", "k"), ("y",)))
+    fed = cut_partition(model, Partition("onnxruntime", ("add",), ("a", "k"), ("y",)))
     assert [v.name for v in fed.graph.inputs] == ["a", "k"]
     assert [n.name for n in fed.graph] == ["add"]
 
@@ -214,7 +214,7 @@ def test_constant_nodes_of_other_partitions_are_copied_in() -> None:
 )
 def test_bad_partitions_are_named(partition: Partition, message: str) -> None:
     with pytest.raises(FerryError, match=message):
-        partition_model(named(models.mlp()), partition)
+        cut_partition(named(models.mlp()), partition)
 
 
 def test_unknown_boundary_types_are_reported() -> None:
@@ -234,7 +234,7 @@ def test_unknown_boundary_types_are_reported() -> None:
     proto.ir_version = 8
     model = named(proto)
     with pytest.raises(FerryError, match=r"type of boundary value\(s\) 'm' is unknown"):
-        partition_model(model, Partition("onnxruntime", ("relu",), ("m",), ("y",)))
+        cut_partition(model, Partition("onnxruntime", ("relu",), ("m",), ("y",)))
 
 
 def test_lower_plan_lowers_every_partition_and_checks_first() -> None:

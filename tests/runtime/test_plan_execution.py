@@ -17,7 +17,8 @@ from onnx_ir.passes.common import NameFixPass
 
 import ferry
 import models
-from ferry.runtime.plan import Partition, Plan
+from ferry.backends import place
+from ferry.plan import Partition, Plan
 
 RNG = np.random.default_rng(0)
 
@@ -227,11 +228,10 @@ def test_zoo_split_matches_whole_model(
 def test_zoo_plan_from_the_partitioner(
     zoo_models: dict[str, ir.Model], name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    partition_mod = pytest.importorskip("ferry.backends.partition")
     import ferry.backends
     from ferry import zoo
-    from ferry.backends.onnxruntime import OnnxRuntimeBackend
-    from ferry.backends.rules import OpRule
+    from ferry.backends import OpRule
+    from ferry.backends._onnxruntime import OnnxRuntimeBackend
 
     class Accel(OnnxRuntimeBackend):
         """ONNX Runtime under another name, claiming only some ops: alternating partitions."""
@@ -244,9 +244,9 @@ def test_zoo_plan_from_the_partitioner(
         def validate(self, model: ir.Model, nodes: Sequence[str]) -> dict[str, str]:
             return {}
 
-    monkeypatch.setitem(ferry.backends._instances, "accel", Accel())
+    monkeypatch.setitem(ferry.backends._registry._instances, "accel", Accel())
     model = zoo_models[name]
-    plan = partition_mod.partition(model, [Accel()], min_partition_size=1, validate=False)
+    plan = place(model, [Accel()], min_partition_size=1, validate=False)
     assert set(plan.backends) == {"accel", "onnxruntime"} and len(plan.partitions) > 4
     feeds = zoo.example_inputs(name, batch=2)
     session = ferry.load(model, plan=plan)

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from ferry.errors import InvalidInputError
-from ferry.runtime.feeds import load_npy, parse_shape, random_feeds
-from ferry.runtime.specs import TensorSpec
+from ferry.runtime import TensorSpec, load_npy, parse_shape, random_feeds
 
 
 def spec(name: str, shape, dtype: str, onnx_type: str = "FLOAT") -> TensorSpec:

@@ -23,7 +23,10 @@ def test_public_modules_are_listed() -> None:
         "ferry.graph",
         "ferry.errors",
         "ferry.runtime",
-        "ferry.backends.api",
+        "ferry.backends",
+        "ferry.plan",
+        "ferry.parity",
+        "ferry.conformance",
         "ferry.cli.main",
     ):
         assert expected in PUBLIC_MODULES

@@ -18,7 +18,7 @@ from ferry.errors import (
     InvalidInputError,
     UnsupportedOpError,
 )
-from ferry.runtime import Plan
+from ferry.plan import Plan
 
 RNG = np.random.default_rng(0)
 

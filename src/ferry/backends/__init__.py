@@ -1,76 +1,83 @@
-"""Engine adapters and their registry.
+"""Engine adapters: what each engine runs, how it compiles and runs a partition, and placement.
 
-Backends are found by name: the built-in ones below, imported on first use, and third-party ones that
-a package registers in the ``ferry.backends`` entry-point group (``name = "module:Class"``).
+Backend authors import everything from here: the adapter API (:class:`Backend`, :class:`CompileSpec`,
+:class:`CompiledPartition`, :class:`BackendBase`), op rules (:class:`OpRule`, :class:`RuleTable` and
+the helpers rule checks are written with), and the registry. Backends are found by name: the
+built-in ``onnxruntime``, ``openvino`` and ``tensorrt``, imported on first use, and third-party ones
+registered in the ``ferry.backends`` entry-point group.
+
+Placement (:func:`place`, :func:`explain`) decides which backend runs which nodes; it only decides:
+lowering and compiling belong to ``ferry.runtime``.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.metadata
-import logging
-import threading
-from typing import TYPE_CHECKING
+from ferry.backends._api import Backend, CompiledPartition, CompileSpec
+from ferry.backends._base import BackendBase
+from ferry.backends._placement import (
+    DEFAULT_MIN_PARTITION_SIZE,
+    SHAPE_INPUTS,
+    UNCOUNTED_OPS,
+    BoundaryTensor,
+    NodeVerdict,
+    PlacementReport,
+    explain,
+    place,
+)
+from ferry.backends._registry import (
+    AUTO,
+    DEFAULT_BACKENDS,
+    ENTRY_POINT_GROUP,
+    FALLBACK,
+    get_backend,
+    known_backends,
+    parse_backends,
+)
+from ferry.backends._rules import (
+    FLOAT_TYPES,
+    NodeCheck,
+    OpRule,
+    RuleTable,
+    all_checks,
+    attr,
+    constant_array,
+    is_constant,
+    node_opsets,
+    output_used,
+    subgraphs_supported,
+    supports,
+)
 
-from ferry.errors import BackendUnavailableError
-
-if TYPE_CHECKING:
-    from ferry.backends.api import Backend
-
-__all__ = ["ENTRY_POINT_GROUP", "get_backend", "known_backends"]
-
-logger = logging.getLogger(__name__)
-
-ENTRY_POINT_GROUP = "ferry.backends"
-
-_BUILTIN = {
-    "onnxruntime": "ferry.backends.onnxruntime:OnnxRuntimeBackend",
-    "openvino": "ferry.backends.openvino:OpenVINOBackend",
-    "tensorrt": "ferry.backends.tensorrt:TensorRTBackend",
-}
-_instances: dict[str, Backend] = {}
-_lock = threading.Lock()
-
-
-def _registry() -> dict[str, str]:
-    found = dict(_BUILTIN)
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        found.setdefault(ep.name, ep.value)
-    return found
-
-
-def known_backends() -> list[str]:
-    """Names of every backend ferry knows of, installed or not."""
-    return sorted(_registry())
-
-
-def get_backend(name: str) -> Backend:
-    """The backend called ``name``, imported on first use.
-
-    Raises:
-        BackendUnavailableError: no backend has that name, or its engine is not installed here.
-    """
-    with _lock:
-        if name in _instances:
-            return _instances[name]
-        registry = _registry()
-        target = registry.get(name)
-        if target is None:
-            raise BackendUnavailableError(
-                f"unknown backend {name!r}; known backends: {', '.join(sorted(registry))}"
-            )
-        module_name, _, attr = target.partition(":")
-        try:
-            backend_cls = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as e:
-            raise BackendUnavailableError(
-                f"backend {name!r} ({target}) failed to import: {e}"
-            ) from e
-        backend: Backend = backend_cls()
-        if not backend.available():
-            raise BackendUnavailableError(
-                f"backend {name!r} is not available on this machine; "
-                f"{getattr(backend, 'install_hint', 'install its engine')}"
-            )
-        _instances[name] = backend
-        return backend
+__all__ = [
+    "AUTO",
+    "DEFAULT_BACKENDS",
+    "DEFAULT_MIN_PARTITION_SIZE",
+    "ENTRY_POINT_GROUP",
+    "FALLBACK",
+    "FLOAT_TYPES",
+    "SHAPE_INPUTS",
+    "UNCOUNTED_OPS",
+    "Backend",
+    "BackendBase",
+    "BoundaryTensor",
+    "CompileSpec",
+    "CompiledPartition",
+    "NodeCheck",
+    "NodeVerdict",
+    "OpRule",
+    "PlacementReport",
+    "RuleTable",
+    "all_checks",
+    "attr",
+    "constant_array",
+    "explain",
+    "get_backend",
+    "is_constant",
+    "known_backends",
+    "node_opsets",
+    "output_used",
+    "parse_backends",
+    "place",
+    "subgraphs_supported",
+    "supports",
+]

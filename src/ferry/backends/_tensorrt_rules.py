@@ -32,16 +32,16 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from ferry.backends._rule_utils import (
+from ferry.backends._rules import (
+    OpRule,
+    RuleTable,
     all_checks,
     attr,
     constant_array,
     output_used,
-    subgraphs,
     subgraphs_supported,
 )
-from ferry.backends.rules import OpRule, RuleTable
-from ferry.graph import dtype_name
+from ferry.graph import dtype_name, named_subgraphs
 
 __all__ = ["MAX_OPSET", "MAX_RANK", "MIN_OPSET", "rules", "table"]
 
@@ -179,7 +179,7 @@ def _control_flow(node: ir.Node) -> bool | str:
 
 
 def _if_branches(node: ir.Node) -> bool | str:
-    branches = dict(subgraphs(node))
+    branches = dict(named_subgraphs(node))
     then, other = branches.get("then_branch"), branches.get("else_branch")
     if then is None or other is None:
         return True
@@ -197,7 +197,7 @@ def _loop_limits(node: ir.Node) -> bool | str:
     trip = node.inputs[0] if node.inputs else None
     if has_scan_outputs and (trip is None or constant_array(trip) is None):
         return "a Loop with scan outputs needs a constant trip count (M)"
-    body = dict(subgraphs(node)).get("body")
+    body = dict(named_subgraphs(node)).get("body")
     if body is not None:
         # Body inputs: iteration, cond, carried...; outputs: cond, carried..., scan outputs...
         for x, y in zip(body.inputs[2:], body.outputs[1 : 1 + carried]):

@@ -53,9 +53,9 @@ def peak_rss_mb() -> float | None:
 def _measure(job: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
 
-    import ferry
     from ferry.backends import get_backend
-    from ferry.runtime.plan import Plan
+    from ferry.plan import Plan
+    from ferry.runtime import load
 
     plan = Plan.from_dict(job["plan"])
     # Import the engines before the clock starts: a cold start is the model's, not Python's.
@@ -67,7 +67,7 @@ def _measure(job: dict[str, Any]) -> dict[str, Any]:
             feeds.setdefault(int(batch), {})[name] = data[key]
     out: dict[str, Any] = {"rss_before_load_mb": peak_rss_mb()}
     start = time.perf_counter()
-    session = ferry.load(job["model"], plan=plan, threads=job["threads"], cache_dir=False)
+    session = load(job["model"], plan=plan, threads=job["threads"], cache_dir=False)
     out["cold_start_s"] = time.perf_counter() - start
     peaks: dict[str, float | None] = {}
     first = True
@@ -89,13 +89,13 @@ def _measure(job: dict[str, Any]) -> dict[str, Any]:
     if any(getattr(b, "engine_cache", b.name != "onnxruntime") for b in backends):
         cache = tempfile.mkdtemp(prefix="ferry-bench-cache-")
         try:
-            stored = ferry.load(job["model"], plan=plan, threads=job["threads"], cache_dir=cache)
+            stored = load(job["model"], plan=plan, threads=job["threads"], cache_dir=cache)
             origins = list(stored.engine_origins)
             del stored
             gc.collect()
             if "compiled" in origins:
                 start = time.perf_counter()
-                warm = ferry.load(job["model"], plan=plan, threads=job["threads"], cache_dir=cache)
+                warm = load(job["model"], plan=plan, threads=job["threads"], cache_dir=cache)
                 out["warm_start_s"] = time.perf_counter() - start
                 out["engine_origins"] = list(warm.engine_origins)
                 del warm
@@ -108,7 +108,7 @@ def _measure(job: dict[str, Any]) -> dict[str, Any]:
 def _run_job(folder: Path) -> None:
     from ferry.bench.runner import BenchSpec, run_bench
     from ferry.errors import FerryError
-    from ferry.runtime.feeds import load_npy
+    from ferry.runtime import load_npy
 
     try:
         spec = BenchSpec.from_dict(json.loads((folder / "spec.json").read_text(encoding="utf-8")))

@@ -201,18 +201,11 @@ def _external_files(model_file: Path) -> list[str]:
     """The external data files (relative locations) the model's weights live in."""
     import onnx_ir as ir
 
-    from ferry.graph import all_nodes, load_model
+    from ferry.graph import load_model
 
     model = load_model(model_file)
-    graphs = [model.graph]
-    for node in all_nodes(model):
-        for attr in node.attributes.values():
-            if attr.type == ir.AttributeType.GRAPH:
-                graphs.append(attr.value)
-            elif attr.type == ir.AttributeType.GRAPHS:
-                graphs.extend(attr.value)
     found: dict[str, None] = {}
-    for graph in graphs:
+    for graph in (model.graph, *model.graph.subgraphs()):
         for value in graph.initializers.values():
             tensor = value.const_value
             if isinstance(tensor, ir.ExternalTensor):

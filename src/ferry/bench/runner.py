@@ -76,9 +76,8 @@ from ferry.errors import BackendUnavailableError, FerryError, InvalidInputError
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-    from ferry.runtime.plan import Plan
-    from ferry.runtime.session import Session
-    from ferry.runtime.specs import TensorSpec
+    from ferry.plan import Plan
+    from ferry.runtime import Session, TensorSpec
 
 __all__ = [
     "BASELINE",
@@ -334,10 +333,10 @@ def run_bench(
         FerryError: the model cannot be read or run by plain ONNX Runtime, or the spec or inputs
             do not fit it. A configuration that fails on its own is reported in the results.
     """
-    import ferry
     from ferry.bench.device import device_info
-    from ferry.graph import load_model, named_copy, resolve_model_file
-    from ferry.runtime.plan import Plan
+    from ferry.graph import load_model, prepare, resolve_model_file
+    from ferry.plan import Plan
+    from ferry.runtime import load
 
     spec = spec or BenchSpec()
     report = progress or (lambda stage, done, total: None)
@@ -345,11 +344,11 @@ def run_bench(
     model_file = resolve_model_file(path)
     targets = resolve_targets(spec)
     report("reading the model", 0, 1)
-    named = named_copy(load_model(path))
+    named = prepare(load_model(path))
     base = targets[0]
     base.plan = Plan.whole_graph(named, "onnxruntime")
     start = time.perf_counter()
-    base.session = ferry.load(path, plan=base.plan, threads=spec.threads, cache_dir=False)
+    base.session = load(path, plan=base.plan, threads=spec.threads, cache_dir=False)
     base_load_s = time.perf_counter() - start
     given = dict(inputs or {})
     feeds = batch_feeds(base.session.inputs, given, spec.shapes, spec.batches, spec.seed)
@@ -379,7 +378,7 @@ def run_bench(
         assert target.plan is not None
         start = time.perf_counter()
         try:
-            target.session = ferry.load(
+            target.session = load(
                 path,
                 plan=target.plan,
                 threads=spec.threads,
@@ -423,39 +422,36 @@ def run_bench(
 
 
 def _plan(target: Target, named: ir.Model, spec: BenchSpec, feeds: dict[str, np.ndarray]) -> None:
-    from ferry.backends import get_backend
-    from ferry.backends.partition import partition
+    """The plan of ``target``: its engine alone (ONNX Runtime taking what it cannot run), at its
+    precision, or what auto chooses."""
+    from ferry.runtime import make_plan
 
+    start = time.perf_counter()
     try:
         if target.backend == _AUTO:
-            from ferry.backends.auto import choose_plan
-
-            start = time.perf_counter()
-            choice = choose_plan(named, threads=spec.threads, feeds=feeds, budget_s=_AUTO_BUDGET_S)
-            target.plan, target.chosen = choice.plan, choice.label
-            how = (
-                "from its cache"
-                if choice.from_cache
-                else f"in {time.perf_counter() - start:.1f} s (not part of its cold start)"
+            made = make_plan(
+                named, _AUTO, threads=spec.threads, feeds=feeds, budget_s=_AUTO_BUDGET_S
             )
-            target.note = f"auto chose {choice.label} {how}"
-            return
-        plan = partition(
-            named,
-            [get_backend(target.backend), get_backend("onnxruntime")],
-            force_cpu=spec.force_cpu,
-        )
+        else:
+            made = make_plan(
+                named,
+                [target.backend],
+                force_cpu=spec.force_cpu,
+                options={target.backend: {"precision": target.precision}},
+            )
     except Exception as e:  # reported per configuration, never fatal to the others
         target.error = _describe(e)
         return
-    parts = tuple(
-        dataclasses.replace(p, options={**p.options, "precision": target.precision})
-        if p.backend == target.backend
-        else p
-        for p in plan.partitions
-    )
-    target.plan = dataclasses.replace(plan, partitions=parts)
-    if target.backend not in target.plan.backends:
+    target.plan = made.plan
+    if made.auto is not None:
+        target.chosen = made.auto.label
+        how = (
+            "from its cache"
+            if made.auto.from_cache
+            else f"in {time.perf_counter() - start:.1f} s (not part of its cold start)"
+        )
+        target.note = f"auto chose {made.auto.label} {how}"
+    elif target.backend not in target.plan.backends:
         target.note = f"{target.backend} took no node; ONNX Runtime runs the whole model"
 
 
@@ -678,7 +674,7 @@ def batch_feeds(
         InvalidInputError: an unknown input name, a shape that does not fit, or batches for a
             model with no input whose first dim may change.
     """
-    from ferry.runtime.feeds import random_feeds
+    from ferry.runtime import concrete_shape, random_feeds
 
     names = [s.name for s in specs]
     for kind, named in (("--input", given), ("--shape", shapes)):
@@ -717,8 +713,6 @@ def batch_feeds(
         shape_map: dict[str, tuple[int, ...]] = {}
         for spec in rest:
             if spec in batched:
-                from ferry.runtime.feeds import concrete_shape
-
                 dims = concrete_shape(spec, base_shapes.get(spec.name))
                 shape_map[spec.name] = (batch, *dims[1:])
             elif spec.name in base_shapes:

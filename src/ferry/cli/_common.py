@@ -78,7 +78,7 @@ def build_feeds(
     session: Any, input_files: Sequence[str], shapes: Sequence[str], seed: int, *, random: bool
 ) -> dict[str, Any]:
     """Inputs for ``session`` from ``--input`` files, the rest generated when ``random`` is set."""
-    from ferry.runtime.feeds import load_npy, parse_shape, random_feeds
+    from ferry.runtime import load_npy, parse_shape, random_feeds
 
     files = split_pairs(input_files, "--input")
     shape_map = {k: parse_shape(v) for k, v in split_pairs(shapes, "--shape").items()}

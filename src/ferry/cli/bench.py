@@ -234,13 +234,13 @@ def _batches(text: str) -> tuple[int, ...]:
 
 
 def _shapes(pairs: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
-    from ferry.runtime.feeds import parse_shape
+    from ferry.runtime import parse_shape
 
     return {k: parse_shape(v) for k, v in split_pairs(pairs, "--shape").items()}
 
 
 def _inputs(pairs: tuple[str, ...]) -> dict[str, Any]:
-    from ferry.runtime.feeds import load_npy
+    from ferry.runtime import load_npy
 
     return {k: load_npy(v, k) for k, v in split_pairs(pairs, "--input").items()}
 

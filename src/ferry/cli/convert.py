@@ -104,7 +104,7 @@ def command(
       ferry convert pipeline.joblib -o pipeline.onnx --trust-pickle
     """
     import ferry
-    from ferry.runtime.feeds import load_npy, parse_dims
+    from ferry.runtime import load_npy, parse_dims
 
     if output.exists() and source.exists() and output.resolve() == source.resolve():
         raise InvalidInputError(

@@ -91,33 +91,30 @@ def command(
       ferry plan model.onnx --backends openvino --force-cpu Softmax --verify
       ferry plan model.onnx --backends auto -o plan.json
     """
-    import ferry
-    from ferry.backends import partition as partitioning
+    from ferry.backends import DEFAULT_MIN_PARTITION_SIZE
     from ferry.cli.convert import _parse_tolerance
-    from ferry.graph import load_model, named_copy
-    from ferry.runtime.session import backend_names
+    from ferry.graph import load_model, prepare
+    from ferry.runtime import load, make_plan
 
-    work = named_copy(load_model(model))
+    work = prepare(load_model(model))
     tol = _parse_tolerance(tolerance)
     result: dict[str, Any] = {}
-    session = ferry.load(work)
+    session = load(work)
     feeds = build_feeds(session, input_files, shapes, seed, random=True)
-    names = backend_names(backends)
-    report = None
-    if names == ["auto"]:
-        from ferry.backends.auto import choose_plan
-
-        choice = choose_plan(work, tolerance=tol, budget_s=budget, feeds=feeds)
-        plan = choice.plan
-        result["auto"] = choice.to_dict()
+    made = make_plan(
+        work,
+        backends,
+        force_cpu=force_cpu,
+        min_partition_size=min_partition_size or DEFAULT_MIN_PARTITION_SIZE,
+        feeds=feeds,
+        tolerance=tol,
+        budget_s=budget,
+    )
+    plan, report = made.plan, made.report
+    if made.auto is not None:
+        result["auto"] = made.auto.to_dict()
         if not as_json:
-            _print_auto(choice)
-    else:
-        kwargs: dict[str, Any] = {"force_cpu": force_cpu}
-        if min_partition_size is not None:
-            kwargs["min_partition_size"] = min_partition_size
-        report = partitioning.explain(work, names, **kwargs)
-        plan = report.plan
+            _print_auto(made.auto)
     result["plan"] = plan.to_dict()
     if report is not None:
         result["boundary_bytes"] = report.boundary_bytes
@@ -136,7 +133,7 @@ def command(
     if not as_json:
         _print_plan(plan, report, explain)
     if verify:
-        from ferry.backends.verify import verify_plan
+        from ferry.runtime import verify_plan
 
         checks = verify_plan(work, plan, feeds, tolerance=tol)
         result["verify"] = [c.to_dict() for c in checks]

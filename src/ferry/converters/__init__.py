@@ -7,10 +7,9 @@ module and imports its framework only when used.
 
 from __future__ import annotations
 
-from ferry.converters._convert import ConversionResult, convert
+from ferry.converters._convert import ConversionResult, ParityError, convert
 from ferry.converters.base import Converted, Converter, ConvertOptions
 from ferry.converters.onnx import convert_onnx
-from ferry.converters.parity import OutputParity, ParityError, ParityReport
 from ferry.converters.registry import converter_names, get_converter, resolve_converter
 
 __all__ = [
@@ -18,9 +17,7 @@ __all__ = [
     "ConvertOptions",
     "Converted",
     "Converter",
-    "OutputParity",
     "ParityError",
-    "ParityReport",
     "convert",
     "convert_onnx",
     "converter_names",

@@ -14,13 +14,25 @@ import onnx_ir as ir
 
 from ferry.converters.base import Converted, ConvertOptions
 from ferry.converters.onnx import convert_onnx
-from ferry.converters.parity import ParityError, ParityReport, compare_outputs
 from ferry.converters.registry import resolve_converter
 from ferry.errors import ConversionError, FerryError
+from ferry.parity import ParityReport, compare_outputs
+from ferry.runtime import load, random_feeds
 
-__all__ = ["ConversionResult", "convert"]
+__all__ = ["ConversionResult", "ParityError", "convert"]
 
 logger = logging.getLogger(__name__)
+
+
+class ParityError(ConversionError):
+    """The converted model does not compute what the source does."""
+
+    def __init__(self, report: ParityReport) -> None:
+        super().__init__(
+            f"{report.summary()}. The converted model was not written; if the difference is "
+            "expected (reduced precision), loosen it with --tolerance ATOL[,RTOL]"
+        )
+        self.report = report
 
 
 @dataclasses.dataclass
@@ -122,10 +134,8 @@ def _check_parity(
     options: ConvertOptions,
     tolerance: tuple[float, float] | None,
 ) -> ParityReport:
-    import ferry
-
     try:
-        session = ferry.load(model)
+        session = load(model)
     except FerryError as e:
         raise ConversionError(
             f"onnxruntime cannot run the converted model, so it cannot be verified: {e} "
@@ -143,7 +153,9 @@ def _check_parity(
             f"the source model failed on the verification inputs ({type(e).__name__}: {e}); "
             "pass example inputs it accepts (--example-input NAME=FILE.npy)"
         ) from e
-    report = compare_outputs(got, want, inputs=feeds, tolerance=tolerance or converted.tolerance)
+    report = compare_outputs(
+        got, _aligned(list(got), want), inputs=feeds, tolerance=tolerance or converted.tolerance
+    )
     logger.info("%s", report.summary())
     return report
 
@@ -157,14 +169,35 @@ def _verify_inputs(
     given = options.example_inputs
     if isinstance(given, Mapping) and set(given) == names:
         return {k: np.asarray(v) for k, v in given.items()}
-    from ferry.runtime.feeds import random_feeds
-
     shapes = {
         name: tuple(d if isinstance(d, int) else 1 for d in dims)
         for name, dims in (options.input_shapes or {}).items()
         if name in names
     }
     return random_feeds(session.inputs, shapes, seed=0)
+
+
+def _aligned(
+    names: list[str], reference: Mapping[str, np.ndarray] | Sequence[np.ndarray]
+) -> Mapping[str, np.ndarray] | Sequence[np.ndarray]:
+    """The source's outputs, checked to pair with the converted model's ``names``.
+
+    Raises:
+        ConversionError: they cannot be paired: other names and another count.
+    """
+    if isinstance(reference, Mapping):
+        if all(n in reference for n in names) or len(reference) == len(names):
+            return reference  # by name, or (other names, same count) in order
+        raise ConversionError(
+            f"the source gives outputs {sorted(reference)} but the converted model gives "
+            f"{names}; the converter mapped them wrongly (a bug: please report it)"
+        )
+    if len(reference) != len(names):
+        raise ConversionError(
+            f"the source gives {len(reference)} outputs but the converted model gives "
+            f"{len(names)} ({', '.join(names)})"
+        )
+    return reference
 
 
 def _describe(source: object) -> str:

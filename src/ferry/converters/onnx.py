@@ -147,10 +147,10 @@ class OnnxConverter:
         session: list[Any] = []
 
         def reference(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            import ferry
+            from ferry.runtime import load
 
             if not session:
-                session.append(ferry.load(source))
+                session.append(load(source))
             return session[0].run(feeds)
 
         # The caller's in-memory model must come out of the conversion unchanged; a file or a

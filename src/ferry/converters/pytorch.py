@@ -31,6 +31,7 @@ import os
 import pickletools
 import re
 import tempfile
+import warnings
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -52,9 +53,21 @@ from ferry.errors import (
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-__all__ = ["PyTorchConverter"]
+__all__ = ["PyTorchConverter", "detach_from_torch", "silence_exporter_logs"]
 
 logger = logging.getLogger(__name__)
+
+#: Loggers that chatter during export about things users cannot act on: torch's "torchvision is
+#: not installed. Skipping torchvision::nms" warnings, and INFO lines from the onnxscript optimizer
+#: and onnx_ir passes that the exporter runs (visible whenever an app logs at INFO).
+_NOISY_LOGGERS = (
+    "torch.onnx",
+    "torch.export",
+    "torch._export",
+    "torch.fx.experimental",
+    "onnxscript",
+    "onnx_ir",
+)
 
 #: The oldest opset torch's torch.export-based exporter builds (its torchlib); lower ones are
 #: reached by ferry.convert's version conversion afterwards.
@@ -1126,9 +1139,7 @@ def _to_numpy(value: Any) -> np.ndarray:
 def _detach(model: ir.Model) -> None:
     """Copy torch-backed (and external) weights into NumPy so the model does not alias the
     module's parameters or a temporary file."""
-    from ferry.zoo._build import _detach_from_torch
-
-    _detach_from_torch(model)
+    detach_from_torch(model)
 
 
 def _all_nodes(graph: ir.Graph) -> Iterator[ir.Node]:
@@ -1295,6 +1306,46 @@ def _import_torch() -> Any:
 
 
 @contextlib.contextmanager
+def silence_exporter_logs() -> Iterator[None]:
+    """Silences the exporter's warnings and log lines for the duration of one export."""
+    saved = {name: logging.getLogger(name).level for name in _NOISY_LOGGERS}
+    try:
+        for name, level in saved.items():
+            # Only ever raise the threshold: a caller who silenced a logger further keeps that.
+            logging.getLogger(name).setLevel(max(level, logging.ERROR))
+        with warnings.catch_warnings():
+            # torch's pytree emits FutureWarnings/DeprecationWarnings while exporting; they are
+            # about torch internals, not the caller's code.
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def detach_from_torch(model: ir.Model) -> None:
+    """Replaces torch-backed tensors in the model with NumPy-backed copies.
+
+    The exporter leaves some initializers as views of the torch module's parameters (while
+    constant-folded ones are already NumPy). Copying them makes the returned model
+    self-contained: it does not keep torch tensors alive, does not alias the module, and behaves
+    like any model loaded from disk (plain ``ir.Tensor`` everywhere).
+    """
+    import onnx_ir as ir
+
+    def copy(tensor: ir.TensorProtocol) -> ir.Tensor:
+        return ir.Tensor(np.array(tensor.numpy(), copy=True), name=tensor.name)
+
+    for value in model.graph.initializers.values():
+        if value.const_value is not None and type(value.const_value) is not ir.Tensor:
+            value.const_value = copy(value.const_value)
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for attr in node.attributes.values():
+            if attr.type == ir.AttributeType.TENSOR and type(attr.value) is not ir.Tensor:
+                node.attributes[attr.name] = ir.AttrTensor(attr.name, copy(attr.as_tensor()))
+
+
+@contextlib.contextmanager
 def _quiet_exporter() -> Iterator[None]:
     """Silences torch while it exports or loads: the zoo's silencer for log lines and warnings,
     plus what torch prints itself (torch.export prints the partial graph to stderr when it
@@ -1303,11 +1354,13 @@ def _quiet_exporter() -> Iterator[None]:
     The print capture swaps ``sys.stdout``/``sys.stderr`` for the process while it lasts, as
     ``contextlib.redirect_stdout`` does; conversions are one-off jobs, not served requests.
     """
-    from ferry.zoo._build import _quiet_exporter as quiet
-
     captured = io.StringIO()
     try:
-        with quiet(), contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+        with (
+            silence_exporter_logs(),
+            contextlib.redirect_stdout(captured),
+            contextlib.redirect_stderr(captured),
+        ):
             yield
     finally:
         if captured.getvalue().strip():

@@ -1,9 +1,61 @@
-"""Running models: the Plan (which backend runs what) and the Session that executes it."""
+"""Running models: lowering a Plan, compiling each partition (through the engine cache), the
+Session that runs it, ``auto``'s measured choice of plan, and checking a plan partition by partition.
+
+``load(model, backends=...)`` is the entry point (re-exported as ``ferry.load``).
+"""
 
 from __future__ import annotations
 
-from ferry.runtime.plan import Partition, Plan
-from ferry.runtime.session import Session, load
-from ferry.runtime.specs import TensorSpec
+from ferry.runtime._auto import AutoChoice, Candidate, auto_plan, machine_fingerprint
+from ferry.runtime._cache import (
+    DEFAULT_MAX_BYTES,
+    CacheEntry,
+    EngineCache,
+    compile_partition,
+    default_cache_dir,
+    engine_key,
+    resolve_cache,
+)
+from ferry.runtime._feeds import concrete_shape, load_npy, parse_dims, parse_shape, random_feeds
+from ferry.runtime._session import (
+    AUTO_BUDGET_S,
+    PlanChoice,
+    Session,
+    load,
+    lower_plan,
+    make_plan,
+)
+from ferry.runtime._specs import InputChecker, TensorSpec, format_shape, spec_of
+from ferry.runtime._verify import PartitionCheck, all_values, verify_plan
 
-__all__ = ["Partition", "Plan", "Session", "TensorSpec", "load"]
+__all__ = [
+    "AUTO_BUDGET_S",
+    "DEFAULT_MAX_BYTES",
+    "AutoChoice",
+    "CacheEntry",
+    "Candidate",
+    "EngineCache",
+    "InputChecker",
+    "PartitionCheck",
+    "PlanChoice",
+    "Session",
+    "TensorSpec",
+    "all_values",
+    "auto_plan",
+    "compile_partition",
+    "concrete_shape",
+    "default_cache_dir",
+    "engine_key",
+    "format_shape",
+    "load",
+    "load_npy",
+    "lower_plan",
+    "machine_fingerprint",
+    "make_plan",
+    "parse_dims",
+    "parse_shape",
+    "random_feeds",
+    "resolve_cache",
+    "spec_of",
+    "verify_plan",
+]

@@ -132,18 +132,18 @@ def load_version(
     Raises:
         FerryError: the model cannot be loaded, a backend is missing, or the config does not fit.
     """
-    import ferry
-    from ferry.runtime.session import backend_names
+    from ferry.backends import parse_backends
+    from ferry.runtime import load
 
-    names = list(config.backends) if config.backends else backend_names(backends)
+    names = list(config.backends) if config.backends else parse_backends(backends)
     threads = engine_threads(config.instance_count, cores)
-    first = ferry.load(model_file, backends=names, threads=threads)
+    first = load(model_file, backends=names, threads=threads)
     resolved = resolve_config(config, name, first.inputs, first.outputs)
     input_types = {s.name: _kserve_type(s, name, "input") for s in first.inputs}
     output_types = {s.name: _kserve_type(s, name, "output") for s in first.outputs}
     sessions = [first]
     for _ in range(config.instance_count - 1):
-        sessions.append(ferry.load(model_file, backends=names, threads=threads))
+        sessions.append(load(model_file, backends=names, threads=threads))
     loaded = LoadedModel(
         sessions=sessions,
         resolved=resolved,
@@ -164,7 +164,7 @@ def load_version(
 
 def warm_up(loaded: LoadedModel) -> str | None:
     """Run every instance on generated inputs; return why it failed, or None."""
-    from ferry.runtime.feeds import random_feeds
+    from ferry.runtime import random_feeds
 
     specs = loaded.inputs
     sizes = [1]
@@ -253,7 +253,7 @@ class ModelVersion:
         self._output_names = [s.name for s in self.outputs]
         self._output_set = frozenset(self._output_names)
         self._string_inputs = frozenset(n for n, t in self.input_types.items() if t == "BYTES")
-        from ferry.runtime.specs import InputChecker
+        from ferry.runtime import InputChecker
 
         self._checker = InputChecker(self.inputs)
         self.pool = InstancePool(

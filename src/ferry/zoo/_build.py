@@ -6,17 +6,15 @@ thus calling :func:`example_inputs`) stays cheap.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 import uuid
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
 
+from ferry.converters.pytorch import detach_from_torch, silence_exporter_logs
 from ferry.zoo._specs import SPECS, get_spec
 
 logger = logging.getLogger(__name__)
@@ -27,61 +25,10 @@ DEFAULT_OPSET = 20
 #: Upper bound of the dynamic batch dimension (torch.export needs a finite range to reason in).
 MAX_BATCH = 1024
 
-#: Loggers that chatter during export about things users cannot act on: torch's "torchvision is
-#: not installed. Skipping torchvision::nms" warnings, and INFO lines from the onnxscript optimizer
-#: and onnx_ir passes that the exporter runs (visible whenever an app logs at INFO).
-_NOISY_LOGGERS = (
-    "torch.onnx",
-    "torch.export",
-    "torch._export",
-    "torch.fx.experimental",
-    "onnxscript",
-    "onnx_ir",
-)
-
 
 def names() -> list[str]:
     """Returns the names of all zoo models, sorted."""
     return sorted(SPECS)
-
-
-@contextlib.contextmanager
-def _quiet_exporter() -> Iterator[None]:
-    """Silences the exporter's warnings and log lines for the duration of one export."""
-    saved = {name: logging.getLogger(name).level for name in _NOISY_LOGGERS}
-    try:
-        for name, level in saved.items():
-            # Only ever raise the threshold: a caller who silenced a logger further keeps that.
-            logging.getLogger(name).setLevel(max(level, logging.ERROR))
-        with warnings.catch_warnings():
-            # torch's pytree emits FutureWarnings/DeprecationWarnings while exporting; they are
-            # about torch internals, not the caller's code.
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for name, level in saved.items():
-            logging.getLogger(name).setLevel(level)
-
-
-def _detach_from_torch(model: ir.Model) -> None:
-    """Replaces torch-backed tensors in the model with NumPy-backed copies.
-
-    The exporter leaves some initializers as views of the torch module's parameters (while
-    constant-folded ones are already NumPy). Copying them makes the returned model
-    self-contained: it does not keep torch tensors alive, does not alias the module, and behaves
-    like any model loaded from disk (plain ``ir.Tensor`` everywhere).
-    """
-
-    def copy(tensor: ir.TensorProtocol) -> ir.Tensor:
-        return ir.Tensor(np.array(tensor.numpy(), copy=True), name=tensor.name)
-
-    for value in model.graph.initializers.values():
-        if value.const_value is not None and type(value.const_value) is not ir.Tensor:
-            value.const_value = copy(value.const_value)
-    for node in ir.traversal.RecursiveGraphIterator(model.graph):
-        for attr in node.attributes.values():
-            if attr.type == ir.AttributeType.TENSOR and type(attr.value) is not ir.Tensor:
-                node.attributes[attr.name] = ir.AttrTensor(attr.name, copy(attr.as_tensor()))
 
 
 def _export(name: str, *, dynamic_batch: bool, opset: int) -> ir.Model:
@@ -98,7 +45,7 @@ def _export(name: str, *, dynamic_batch: bool, opset: int) -> ir.Model:
     dynamic_shapes = (
         ({0: torch.export.Dim("batch", min=1, max=MAX_BATCH)},) if dynamic_batch else None
     )
-    with _quiet_exporter():
+    with silence_exporter_logs():
         program = torch.onnx.export(
             module,
             (example,),
@@ -142,7 +89,7 @@ def build(name: str, *, dynamic_batch: bool = True, opset: int = DEFAULT_OPSET) 
         raise ValueError(f"the zoo exports with opset >= 18, got {opset}")
     started = time.perf_counter()
     model = _export(name, dynamic_batch=dynamic_batch, opset=opset)
-    _detach_from_torch(model)
+    detach_from_torch(model)
     model.graph.name = name
     model.doc_string = get_spec(name).description
     model.metadata_props["ferry.zoo.model"] = name

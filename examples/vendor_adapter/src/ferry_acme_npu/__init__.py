@@ -7,8 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
-from ferry.backends.api import CompileSpec
-from ferry.backends.rules import OpRule
+from ferry.backends import CompileSpec, OpRule
 
 __all__ = ["AcmeNpuBackend", "AcmeNpuPartition"]
 

@@ -25,9 +25,9 @@ import onnx
 import onnx_ir as ir
 
 from ferry.backends import _onnxruntime_ops
-from ferry.backends._rule_utils import all_checks, subgraphs_supported
-from ferry.backends.api import CompileSpec
-from ferry.backends.rules import OpRule, RuleTable
+from ferry.backends._api import CompileSpec
+from ferry.backends._base import BackendBase
+from ferry.backends._rules import OpRule, RuleTable, all_checks, subgraphs_supported
 from ferry.errors import (
     BackendUnavailableError,
     ExecutionError,
@@ -88,33 +88,19 @@ _GPU_HINT = (
 )
 
 
-class OnnxRuntimeBackend:
-    """ONNX Runtime, on the CPU by default (see the module docstring for GPUs)."""
+class OnnxRuntimeBackend(BackendBase):
+    """ONNX Runtime, on the CPU by default (see the module docstring for GPUs).
+
+    It needs no veto (``validate``): its rules are measured on this ONNX Runtime.
+    """
 
     name = "onnxruntime"
     device = "cpu"
     precisions: tuple[str, ...] = ("fp32",)
-    install_hint = "pip install onnxruntime"
-
-    @property
-    def version(self) -> str:
-        import onnxruntime
-
-        return str(onnxruntime.__version__)
-
-    def available(self) -> bool:
-        try:
-            import onnxruntime  # noqa: F401
-        except ImportError:
-            return False
-        return True
+    sdk = "onnxruntime"
 
     def rules(self) -> Sequence[OpRule]:
         return rules()
-
-    def validate(self, model: ir.Model, nodes: Sequence[str]) -> dict[str, str]:
-        # The rules are measured on this ONNX Runtime; there is nothing more to ask it.
-        return {}
 
     def compile(self, spec: CompileSpec) -> OnnxRuntimePartition:
         return OnnxRuntimePartition(spec)
@@ -132,7 +118,7 @@ def rules() -> tuple[OpRule, ...]:
     if onnxruntime.__version__ != _onnxruntime_ops.ORT_VERSION:
         logger.info(
             "onnxruntime %s is installed; its op table was measured on %s (regenerate it with "
-            "python -m ferry.backends._onnxruntime_opsgen)",
+            "python -m ferry.conformance._onnxruntime_opsgen)",
             onnxruntime.__version__,
             _onnxruntime_ops.ORT_VERSION,
         )
@@ -440,9 +426,7 @@ def _first_line(e: BaseException) -> str:
 def _load_error(model: ir.Model, e: BaseException) -> Exception:
     """Explain why ORT refused a model: unsupported ops (all of them), or what it said."""
     unsupported: list[tuple[str, str]] = []
-    from ferry.graph import all_nodes
-
-    for node in all_nodes(model):
+    for node in model.graph.all_nodes():
         domain = node.domain or ""
         if domain in ("", "ai.onnx", "ai.onnx.ml"):
             if not onnx.defs.has(node.op_type, domain):

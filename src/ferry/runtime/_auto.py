@@ -24,16 +24,17 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from ferry.converters.parity import compare_outputs
+from ferry.backends import FALLBACK, get_backend, known_backends, place
 from ferry.errors import FerryError
-from ferry.runtime.plan import Plan
+from ferry.graph import atomic_path
+from ferry.parity import compare_outputs
+from ferry.plan import Plan
 
-__all__ = ["AutoChoice", "Candidate", "choose_plan", "machine_fingerprint"]
+__all__ = ["AutoChoice", "Candidate", "auto_plan", "machine_fingerprint"]
 
 logger = logging.getLogger(__name__)
 
 _BLOCK = 5
-_FALLBACK = "onnxruntime"
 
 
 @dataclasses.dataclass
@@ -79,7 +80,7 @@ class AutoChoice:
         }
 
 
-def choose_plan(
+def auto_plan(
     model: ir.Model,
     *,
     backends: Sequence[str] | None = None,
@@ -107,19 +108,18 @@ def choose_plan(
         if cached is not None:
             return cached
     candidates = _candidates(model, names)
-    import ferry
+    from ferry.runtime._feeds import random_feeds
+    from ferry.runtime._session import load
 
-    baseline = ferry.load(model, threads=threads)
+    baseline = load(model, threads=threads)
     if feeds is None:
-        from ferry.runtime.feeds import random_feeds
-
         feeds = random_feeds(baseline.inputs, seed=0)
     expected = baseline.run(dict(feeds))
     sessions = []
     for candidate in candidates:
         start = time.perf_counter()
         try:
-            session = ferry.load(model, plan=candidate.plan, threads=threads)
+            session = load(model, plan=candidate.plan, threads=threads)
             got = session.run(dict(feeds))
         except FerryError as e:
             candidate.error = str(e)
@@ -127,7 +127,7 @@ def choose_plan(
         candidate.load_s = time.perf_counter() - start
         report = compare_outputs(got, expected, tolerance=tolerance)
         candidate.passed = report.passed
-        candidate.max_abs_error = max((o.max_abs_error for o in report.outputs), default=0.0)
+        candidate.max_abs_error = report.max_abs_error
         sessions.append((candidate, session))
     _time_in_blocks(sessions, feeds, budget_s)
     passing = [c for c in candidates if c.passed and c.error is None]
@@ -147,8 +147,6 @@ def choose_plan(
 
 
 def _available(backends: Sequence[str] | None) -> list[str]:
-    from ferry.backends import get_backend, known_backends
-
     names = list(backends) if backends is not None else known_backends()
     found = []
     for name in names:
@@ -160,27 +158,24 @@ def _available(backends: Sequence[str] | None) -> list[str]:
             logger.info("auto: skipping %s: %s", name, e)
             continue
         found.append(name)
-    if _FALLBACK not in found:
-        found.append(_FALLBACK)
+    if FALLBACK not in found:
+        found.append(FALLBACK)
     return found
 
 
 def _candidates(model: ir.Model, names: list[str]) -> list[Candidate]:
-    from ferry.backends import get_backend
-    from ferry.backends.partition import partition
-
-    out: list[Candidate] = [Candidate(f"{_FALLBACK} fp32", Plan.whole_graph(model, _FALLBACK))]
+    out: list[Candidate] = [Candidate(f"{FALLBACK} fp32", Plan.whole_graph(model, FALLBACK))]
     seen = {_plan_signature(out[0].plan)}
-    engines = [n for n in names if n != _FALLBACK]
+    engines = [n for n in names if n != FALLBACK]
     for name in engines:
         backend = get_backend(name)
         for precision in backend.precisions:
             plan = _with_options(
-                partition(model, [backend, get_backend(_FALLBACK)]), name, {"precision": precision}
+                place(model, [backend, get_backend(FALLBACK)]), name, {"precision": precision}
             )
             _add(out, seen, Candidate(f"{name} {precision}", plan))
     if len(engines) > 1:
-        plan = partition(model, [get_backend(n) for n in names])
+        plan = place(model, [get_backend(n) for n in names])
         _add(out, seen, Candidate("+".join(names) + " fp32", plan))
     return out
 
@@ -224,8 +219,6 @@ def _time_in_blocks(
 
 def machine_fingerprint() -> str:
     """What makes timings from one machine meaningless on another: CPU, cores, engine versions."""
-    from ferry.backends import get_backend, known_backends
-
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -268,8 +261,6 @@ def _read_cache(key: str) -> AutoChoice | None:
 
 
 def _write_cache(key: str, choice: AutoChoice) -> None:
-    from ferry.graph import atomic_path
-
     path = _cache_dir() / f"{key}.json"
     try:
         with atomic_path(path) as tmp:

@@ -16,9 +16,11 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from ferry.converters.parity import OutputParity, compare_outputs
+from ferry.backends import CompileSpec, get_backend
 from ferry.errors import FerryError
-from ferry.runtime.plan import Partition, Plan
+from ferry.graph import infer_value_types
+from ferry.parity import OutputParity, compare_outputs
+from ferry.plan import Partition, Plan, boundary, cut_partition
 
 __all__ = ["PartitionCheck", "all_values", "verify_plan"]
 
@@ -57,8 +59,7 @@ class PartitionCheck:
 
 def all_values(model: ir.Model, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Every value of the top-level graph, computed by ONNX Runtime on the whole model."""
-    import ferry
-    from ferry.graph import infer_value_types
+    from ferry.runtime._session import load
 
     probe = model.clone()
     # Outputs need a type; take shape inference's where the model declares none.
@@ -74,7 +75,7 @@ def all_values(model: ir.Model, feeds: Mapping[str, np.ndarray]) -> dict[str, np
             if value.dtype is not None:
                 probe.graph.outputs.append(value)
                 known.add(value.name)
-    session = ferry.load(probe)
+    session = load(probe)
     values = dict(feeds)
     values.update(session.run(dict(feeds)))
     return values
@@ -118,12 +119,8 @@ def _run_partition(
     reference: Mapping[str, np.ndarray],
     options: dict[str, Any],
 ) -> dict[str, np.ndarray]:
-    from ferry.backends import get_backend
-    from ferry.backends.api import CompileSpec
-    from ferry.runtime.lower import partition_model
-
     backend = get_backend(partition.backend)
-    sub = partition_model(model, partition)
+    sub = cut_partition(model, partition)
     spec = CompileSpec(partition=partition, model=sub, options={**options, **partition.options})
     compiled = backend.compile(spec)
     return compiled.run(
@@ -153,25 +150,17 @@ def _prefix(
 ) -> Partition:
     """The partition cut to its first ``count`` nodes, giving every tensor those nodes produce
     (those ONNX Runtime computed in ``reference``: types need not be declared in the model)."""
-    names = set(partition.nodes[:count])
-    nodes = [n for n in model.graph if n.name in names]
-    produced = {v.name for n in nodes for v in n.outputs if v.name}
-    inputs = []
-    for node in nodes:
-        for value in node.inputs:
-            if value is None or not value.name or value.name in produced or value.is_initializer():
-                continue
-            if value.const_value is not None or value.name in inputs:
-                continue
-            inputs.append(value.name)
-    outputs = [v.name for n in nodes for v in n.outputs if v.name and v.name in reference]
-    return Partition(
-        partition.backend,
-        tuple(partition.nodes[:count]),
-        tuple(inputs),
-        tuple(outputs),
-        dict(partition.options),
-    )
+    names = partition.nodes[:count]
+    inputs, _ = boundary(model, names)
+    wanted = set(names)
+    outputs = [
+        v.name or ""
+        for n in model.graph
+        if n.name in wanted
+        for v in n.outputs
+        if v.name in reference
+    ]
+    return Partition(partition.backend, names, inputs, tuple(outputs), dict(partition.options))
 
 
 def _bisect(

@@ -2,7 +2,8 @@
 
 A backend is a small object that says what it is and where it runs, whether it can run here, and
 turns one partition of the graph into something executable. ``rules`` and ``validate`` (which ops it
-takes) serve the partitioner; ``compile`` and ``load`` serve the Session.
+takes) serve placement; ``compile`` and ``load`` serve the Session. Built-in adapters share their
+boilerplate through :class:`~ferry.backends.BackendBase`; a vendor's may too.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import numpy as np
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-    from ferry.backends.rules import OpRule
-    from ferry.runtime.plan import Partition
+    from ferry.backends._rules import OpRule
+    from ferry.plan import Partition
 
 __all__ = ["Backend", "CompileSpec", "CompiledPartition"]
 

@@ -2,7 +2,7 @@
 
 Run it after upgrading onnxruntime or onnx, and commit the result::
 
-    python -m ferry.backends._onnxruntime_opsgen > src/ferry/backends/_onnxruntime_ops.py
+    python -m ferry.conformance._onnxruntime_opsgen > src/ferry/backends/_onnxruntime_ops.py
     ruff format src/ferry/backends/_onnxruntime_ops.py
 
 Nothing here is guessed. The algorithm:
@@ -407,7 +407,7 @@ def render(
         '"""ONNX Runtime CPU op support, measured. GENERATED: do not edit by hand.',
         "",
         f"Measured on onnxruntime {onnxruntime.__version__} with onnx {onnx.__version__} by",
-        "``python -m ferry.backends._onnxruntime_opsgen`` (see there for how).",
+        "``python -m ferry.conformance._onnxruntime_opsgen`` (see there for how).",
         '"""',
         "",
         "from __future__ import annotations",

@@ -1,41 +1,53 @@
 """The Session: runs a model's Plan, one compiled partition per backend, behind one ``run`` call.
 
-A plan that puts the whole graph on one backend runs the model itself (the fast path: one engine
-call per ``run``). A split plan is checked against the model, each partition is lowered to a
-standalone model (``runtime.lower``) and compiled on its backend, through the engine cache when the
-backend has something to store (``runtime.cache``). ``run`` then executes only the partitions the
-requested outputs need, hands each exactly the values it reads, asks it only for the values that
-are read later or were requested, and drops every value after its last reader.
+``load`` prepares the model (``ferry.graph.prepare``), makes its plan (:func:`make_plan`: ONNX
+Runtime alone, placement across the listed engines, or ``auto``'s measured choice) and builds the
+Session. A plan that puts the whole graph on one backend runs the model itself (the fast path: one
+engine call per ``run``). A split plan is checked against the model, each partition is lowered to a
+standalone model (``ferry.plan.cut_partition``) and compiled on its backend, through the engine
+cache when the backend has something to store (``_cache``). ``run`` then executes only the
+partitions the requested outputs need, hands each exactly the values it reads, asks it only for the
+values that are read later or were requested, and drops every value after its last reader.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
 import onnx
 import onnx_ir as ir
-from onnx_ir.passes.common import NameFixPass
 
-from ferry.backends import get_backend
-from ferry.backends.api import CompiledPartition, CompileSpec
+from ferry.backends import (
+    AUTO,
+    DEFAULT_MIN_PARTITION_SIZE,
+    FALLBACK,
+    CompiledPartition,
+    CompileSpec,
+    PlacementReport,
+    explain,
+    get_backend,
+    parse_backends,
+)
 from ferry.errors import InvalidInputError
-from ferry.graph import graph_inputs, infer_value_types, load_model, model_source_path
-from ferry.runtime.cache import EngineCache, compile_partition, resolve_cache
-from ferry.runtime.lower import lower_plan
-from ferry.runtime.plan import Partition, Plan
-from ferry.runtime.specs import InputChecker, TensorSpec, spec_of
+from ferry.graph import graph_inputs, load_model, model_source_path, prepare
+from ferry.plan import Partition, Plan, check_plan, cut_partition
+from ferry.runtime._cache import EngineCache, compile_partition, resolve_cache
+from ferry.runtime._specs import InputChecker, TensorSpec, spec_of
 
-__all__ = ["Session", "backend_names", "load"]
+if TYPE_CHECKING:
+    from ferry.runtime._auto import AutoChoice
+
+__all__ = ["AUTO_BUDGET_S", "PlanChoice", "Session", "load", "lower_plan", "make_plan"]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_BACKENDS = ("onnxruntime",)
 #: Seconds ``backends="auto"`` spends timing candidates when ``ferry.load`` asks it (the choice is
 #: then cached per model and machine; ``ferry plan --backends auto --budget S`` measures longer).
 AUTO_BUDGET_S = 5.0
@@ -73,55 +85,88 @@ def load(
     """
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise InvalidInputError(f"threads must be a positive integer, got {threads!r}")
-    names = backend_names(backends)
+    names = parse_backends(backends)
     for name in names:
-        if name != "auto":
+        if name != AUTO:
             get_backend(name)  # fail early, naming the missing engine
     model = load_model(source)
     # Engines may read the file itself only when it is what we were given: an in-memory model
     # loaded from a file may have been changed since.
     source_path = model_source_path(model) if isinstance(source, (str, os.PathLike)) else None
-    # Work on a copy (weights are shared, not copied) so that naming nodes never touches the caller's model.
-    work = model.clone()
-    NameFixPass()(work)
+    # Work on a prepared copy (weights shared, not copied): the caller's model is never touched.
+    work = prepare(model)
     if plan is None:
-        plan = default_plan(work, names, threads=threads)
+        plan = make_plan(work, names, threads=threads).plan
     if options:
         plan = plan.with_options(options)
     return Session(work, plan, threads=threads, source_path=source_path, cache_dir=cache_dir)
 
 
-def default_plan(model: ir.Model, names: Sequence[str], *, threads: int | None = None) -> Plan:
-    """The plan ``ferry.load`` runs for ``backends=names`` on ``model`` (nodes named).
+@dataclasses.dataclass(frozen=True)
+class PlanChoice:
+    """A plan and how it was made.
 
-    ONNX Runtime alone runs the whole graph; ``["auto"]`` is the measured choice; any other list
-    is partitioned in priority order with ONNX Runtime taking what no engine supports.
+    Attributes:
+        plan: the plan.
+        report: placement's verdict per node and boundary tensors, when engines were placed.
+        auto: what ``auto`` measured, when it chose.
     """
-    if list(names) == ["auto"]:
-        from ferry.backends.auto import choose_plan
 
-        return choose_plan(model, threads=threads, budget_s=AUTO_BUDGET_S).plan
-    if list(names) == [DEFAULT_BACKENDS[0]]:
-        return Plan.whole_graph(model, names[0])
-    from ferry.backends.partition import partition
-
-    return partition(model, list(names))
+    plan: Plan
+    report: PlacementReport | None = None
+    auto: AutoChoice | None = None
 
 
-def backend_names(backends: str | Sequence[str] | None) -> list[str]:
-    if backends is None:
-        return list(DEFAULT_BACKENDS)
-    if isinstance(backends, str):
-        names = [b.strip() for b in backends.split(",") if b.strip()]
-    else:
-        names = [str(b) for b in backends]
-    if not names:
-        raise InvalidInputError("backends is empty; name at least one, e.g. 'onnxruntime'")
-    if "auto" in names and names != ["auto"]:
-        raise InvalidInputError(
-            f"backends={names}: 'auto' picks the engines itself; give it alone, or list engines"
+def make_plan(
+    model: ir.Model,
+    backends: str | Sequence[str] | None,
+    *,
+    threads: int | None = None,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+    force_cpu: Iterable[str] = (),
+    min_partition_size: int = DEFAULT_MIN_PARTITION_SIZE,
+    feeds: Mapping[str, np.ndarray] | None = None,
+    tolerance: tuple[float, float] | None = None,
+    budget_s: float | None = None,
+) -> PlanChoice:
+    """The plan for running ``model`` (prepared: ``ferry.graph.prepare``) on ``backends``.
+
+    ONNX Runtime alone runs the whole graph; ``"auto"`` is the measured choice (``feeds``,
+    ``tolerance`` and ``budget_s`` are auto's; the budget defaults to :data:`AUTO_BUDGET_S`);
+    any other list is placed in priority order with
+    ONNX Runtime taking what no engine supports (``force_cpu`` and ``min_partition_size`` are
+    placement's). ``options`` (per backend) are merged over the plan's own.
+    """
+    names = parse_backends(backends)
+    if names == [AUTO]:
+        from ferry.runtime._auto import auto_plan
+
+        budget = AUTO_BUDGET_S if budget_s is None else budget_s
+        choice = auto_plan(
+            model, threads=threads, budget_s=budget, feeds=feeds, tolerance=tolerance
         )
-    return names
+        made = PlanChoice(choice.plan, auto=choice)
+    elif names == [FALLBACK] and not force_cpu:
+        made = PlanChoice(Plan.whole_graph(model, FALLBACK))
+    else:
+        report = explain(model, names, force_cpu=force_cpu, min_partition_size=min_partition_size)
+        made = PlanChoice(report.plan, report=report)
+    if options:
+        made = dataclasses.replace(made, plan=made.plan.with_options(options))
+    return made
+
+
+def lower_plan(model: ir.Model, plan: Plan) -> list[ir.Model]:
+    """Check ``plan`` against ``model``, then cut every partition out as a standalone model.
+
+    Raises:
+        PlanError: the plan does not fit the model (see :func:`ferry.plan.check_plan`).
+    """
+    check_plan(model, plan)
+    return [
+        cut_partition(model, p, where=f"partition {i} ({p.backend})")
+        for i, p in enumerate(plan.partitions)
+    ]
 
 
 class Session:
@@ -139,21 +184,18 @@ class Session:
         self.model = model
         self.plan = plan
         self.threads = threads
-        inferred = infer_value_types(model)
-        required = [spec_of(v, inferred.get(v.name or "")) for v in graph_inputs(model)]
+        required = [spec_of(v) for v in graph_inputs(model)]
         # From IR 4 on, an initializer that is also a graph input is a default the caller may
         # override; before IR 4 every initializer had to be listed as an input and is a constant.
         optional = [
-            spec_of(v, inferred.get(v.name or ""))
+            spec_of(v)
             for v in model.graph.inputs
             if v.name in model.graph.initializers and model.ir_version >= 4
         ]
         #: Specs of the inputs ``run`` needs: name, shape (symbolic dims as str), numpy dtype.
         self.inputs: list[TensorSpec] = required
         #: Specs of the outputs ``run`` gives.
-        self.outputs: list[TensorSpec] = [
-            spec_of(v, inferred.get(v.name or "")) for v in model.graph.outputs
-        ]
+        self.outputs: list[TensorSpec] = [spec_of(v) for v in model.graph.outputs]
         self._checker = InputChecker(required, optional)
         self._output_names = [s.name for s in self.outputs]
         self._output_set = frozenset(self._output_names)
@@ -172,9 +214,9 @@ class Session:
             # The fast path: the model itself (and its file, when given one) on one backend.
             self._compiled = [self._compile(plan.partitions[0], model, source_path, options)]
             self._single = self._compiled[0]
-            self._steps: list[_Partition] = []
+            self._steps: list[_Stage] = []
         else:
-            lowered = lower_plan(model, plan, value_types=inferred)
+            lowered = lower_plan(model, plan)
             self._compiled = []
             self._steps = []
             for index, (partition, sub) in enumerate(zip(plan.partitions, lowered)):
@@ -298,7 +340,7 @@ class Session:
         step or the caller needs one of its outputs, and is asked only for those.
         """
         needed = set(wanted)
-        chosen: list[tuple[_Partition, list[str]]] = []
+        chosen: list[tuple[_Stage, list[str]]] = []
         for part in reversed(self._steps):
             outputs = [name for name in part.outputs if name in needed]
             if not outputs:
@@ -332,7 +374,7 @@ class Session:
 _MAX_SCHEDULES = 64
 
 
-class _Partition(NamedTuple):
+class _Stage(NamedTuple):
     """A compiled partition and the values it exchanges with the others."""
 
     plan_index: int  # its position in plan.partitions
@@ -355,8 +397,8 @@ class _Step(NamedTuple):
 
 def _partition_io(
     index: int, partition: Partition, model: ir.Model, compiled: CompiledPartition
-) -> _Partition:
+) -> _Stage:
     graph = model.graph
     feeds = tuple(v.name or "" for v in graph.inputs if not v.is_initializer())
     optional = tuple(v.name or "" for v in graph.inputs if v.is_initializer())
-    return _Partition(index, compiled, feeds, optional, tuple(partition.outputs))
+    return _Stage(index, compiled, feeds, optional, tuple(partition.outputs))

@@ -52,8 +52,16 @@ import numpy as np
 import onnx_ir as ir
 
 from ferry.backends import _tensorrt_rules
-from ferry.backends.api import CompileSpec
-from ferry.backends.rules import OpRule
+from ferry.backends._api import CompileSpec
+from ferry.backends._base import BackendBase
+from ferry.backends._cuda import (
+    DeviceBuffer,
+    compute_capability,
+    cuda_call,
+    cudart,
+    device_problem,
+)
+from ferry.backends._rules import OpRule
 from ferry.errors import (
     BackendUnavailableError,
     ExecutionError,
@@ -61,6 +69,7 @@ from ferry.errors import (
     InvalidInputError,
     ModelLoadError,
 )
+from ferry.plan import cut
 
 __all__ = [
     "DEFAULT_MAX_BATCH",
@@ -92,15 +101,6 @@ def _trt() -> Any:
     return tensorrt
 
 
-def _cudart() -> Any:
-    try:
-        from cuda.bindings import runtime
-    except ImportError:
-        from cuda import cudart as runtime  # cuda-python < 12.6
-
-    return runtime
-
-
 @functools.cache
 def unavailable_reason() -> str | None:
     """Why TensorRT cannot run here (None when it can): no tensorrt, no cuda-python, no GPU."""
@@ -109,53 +109,7 @@ def unavailable_reason() -> str | None:
     except Exception as e:  # ImportError, or OSError when its shared libraries are missing
         return f"tensorrt is not importable ({type(e).__name__}: {e})"
     del trt
-    try:
-        cudart = _cudart()
-    except Exception as e:
-        return f"cuda-python is not importable ({type(e).__name__}: {e})"
-    try:
-        err, count = cudart.cudaGetDeviceCount()
-    except Exception as e:  # no CUDA driver at all
-        return f"the CUDA runtime cannot start ({e})"
-    if err != cudart.cudaError_t.cudaSuccess:
-        return f"no usable CUDA device ({_error_name(cudart, err)})"
-    if count < 1:
-        return "no CUDA device"
-    return None
-
-
-@functools.cache
-def _compute_capability() -> str | None:
-    """``"89"`` for the current device, None when there is none (part of the cache key)."""
-    if unavailable_reason() is not None:
-        return None
-    cudart = _cudart()
-    err, device = cudart.cudaGetDevice()
-    if err != cudart.cudaError_t.cudaSuccess:
-        return None
-    err, props = cudart.cudaGetDeviceProperties(device)
-    if err != cudart.cudaError_t.cudaSuccess:
-        return None
-    return f"{props.major}{props.minor}"
-
-
-def _error_name(cudart: Any, err: Any) -> str:
-    try:
-        found = cudart.cudaGetErrorName(err)[1]
-        return found.decode() if isinstance(found, bytes) else str(found)
-    except Exception:  # an error while naming an error: the enum's own text will do
-        return str(err)
-
-
-def _cuda_call(result: Any, what: str) -> Any:
-    """Unpack a cuda-python ``(err, value...)`` result, raising ExecutionError on an error."""
-    cudart = _cudart()
-    err, *values = result
-    if err != cudart.cudaError_t.cudaSuccess:
-        raise ExecutionError(f"CUDA {what} failed: {_error_name(cudart, err)}")
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else tuple(values)
+    return device_problem()
 
 
 _trt_logger: Any = None
@@ -323,13 +277,15 @@ def _show(dims: Sequence[int]) -> str:
 # --- the backend ----------------------------------------------------------------------------
 
 
-class TensorRTBackend:
+class TensorRTBackend(BackendBase):
     """TensorRT on the current CUDA device."""
 
     name = "tensorrt"
     device = "cuda"
     precisions: tuple[str, ...] = ("fp32", "fp16", "int8")
-    install_hint = "pip install 'ferry[tensorrt]'  (needs an NVIDIA GPU)"
+    sdk = "tensorrt"
+    extra = "tensorrt"
+    needs = "needs an NVIDIA GPU"
 
     @property
     def version(self) -> str:
@@ -341,7 +297,7 @@ class TensorRTBackend:
             version = str(_trt().__version__)
         except Exception:
             return "not installed"
-        cc = _compute_capability()
+        cc = compute_capability()
         return f"{version}+sm{cc}" if cc else version
 
     def available(self) -> bool:
@@ -412,9 +368,7 @@ def _require(backend: TensorRTBackend) -> None:
 
 
 def _check_qdq(model: ir.Model) -> None:
-    from ferry.graph import all_nodes
-
-    if not any(n.op_type in _QDQ_OPS for n in all_nodes(model)):
+    if not any(n.op_type in _QDQ_OPS for n in model.graph.all_nodes()):
         raise FerryError(
             "tensorrt: precision 'int8' needs a quantized (QDQ) model: QuantizeLinear/"
             "DequantizeLinear pairs around the layers to run in int8 (explicit quantization). "
@@ -590,74 +544,11 @@ def _parser_rejects(trt: Any, builder: Any, model: ir.Model, names: list[str]) -
 
 def _submodel(model: ir.Model, names: Sequence[str]) -> tuple[ir.Model, list[str]]:
     """``names`` of ``model`` as a standalone model, and its node names in graph order."""
-    from ferry.runtime.lower import partition_model
-    from ferry.runtime.plan import Partition
-
-    wanted = set(names)
-    nodes = [n for n in model.graph if n.name in wanted]
-    inside = set(nodes)
-    inputs: dict[str, None] = {}
-    outputs: dict[str, None] = {}
-    for node in nodes:
-        for value in _reads(node):
-            producer = value.producer()
-            if producer in inside or value.is_initializer() or value.const_value is not None:
-                continue
-            if producer is not None and producer.op_type == "Constant":
-                continue  # carried into the cut by the lowering
-            inputs[value.name or ""] = None
-        for value in node.outputs:
-            read_outside = any(user not in inside for user, _ in value.uses())
-            if value.is_graph_output() or read_outside:
-                outputs[value.name or ""] = None
-    if not outputs and nodes:
-        outputs = {v.name or "": None for v in nodes[-1].outputs if v.name}
-    partition = Partition(
-        "tensorrt", tuple(n.name or "" for n in nodes), tuple(inputs), tuple(outputs)
-    )
-    sub = partition_model(model, partition)
+    sub = cut(model, names)
     return sub, [n.name or "" for n in sub.graph]
 
 
-def _reads(node: ir.Node) -> Iterator[ir.Value]:
-    """Values ``node`` reads: its inputs and the outer-scope values its subgraphs capture."""
-    yield from (v for v in node.inputs if v is not None)
-    graph = node.graph
-    for attr in node.attributes.values():
-        if attr.is_ref() or attr.type not in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
-            continue
-        bodies = [attr.as_graph()] if attr.type == ir.AttributeType.GRAPH else attr.as_graphs()
-        for body in bodies:
-            for inner in ir.traversal.RecursiveGraphIterator(body):
-                for value in inner.inputs:
-                    if value is not None and value.graph is graph:
-                        yield value
-
-
 # --- running --------------------------------------------------------------------------------
-
-
-class _DeviceBuffer:
-    """Device memory that grows to the largest size asked for."""
-
-    def __init__(self) -> None:
-        self.ptr = 0
-        self.capacity = 0
-
-    def reserve(self, nbytes: int) -> int:
-        nbytes = max(nbytes, 1)  # a valid address even for empty tensors
-        if nbytes > self.capacity:
-            self.free()
-            self.ptr = int(_cuda_call(_cudart().cudaMalloc(nbytes), "cudaMalloc"))
-            self.capacity = nbytes
-        return self.ptr
-
-    def free(self) -> None:
-        if self.ptr:
-            with contextlib.suppress(Exception):  # at interpreter exit CUDA may be gone already
-                _cudart().cudaFree(self.ptr)
-            self.ptr = 0
-            self.capacity = 0
 
 
 class _Runner:
@@ -667,11 +558,11 @@ class _Runner:
         self.context = engine.create_execution_context()
         if self.context is None:
             raise ModelLoadError("tensorrt: could not create an execution context (out of memory?)")
-        self.stream = _cuda_call(_cudart().cudaStreamCreate(), "cudaStreamCreate")
-        self.buffers: dict[str, _DeviceBuffer] = {}
+        self.stream = cuda_call(cudart().cudaStreamCreate(), "cudaStreamCreate")
+        self.buffers: dict[str, DeviceBuffer] = {}
 
     def buffer(self, name: str, nbytes: int) -> int:
-        return self.buffers.setdefault(name, _DeviceBuffer()).reserve(nbytes)
+        return self.buffers.setdefault(name, DeviceBuffer()).reserve(nbytes)
 
     def close(self) -> None:
         for buffer in self.buffers.values():
@@ -679,7 +570,7 @@ class _Runner:
         self.buffers.clear()
         if self.stream is not None:
             with contextlib.suppress(Exception):
-                _cudart().cudaStreamDestroy(self.stream)
+                cudart().cudaStreamDestroy(self.stream)
             self.stream = None
 
 
@@ -741,10 +632,10 @@ class TensorRTPartition:
     def _run(
         self, runner: _Runner, inputs: dict[str, np.ndarray], wanted: list[str]
     ) -> dict[str, np.ndarray]:
-        cudart = _cudart()
+        rt = cudart()
         context, stream = runner.context, runner.stream
-        h2d = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
-        d2h = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        h2d = rt.cudaMemcpyKind.cudaMemcpyHostToDevice
+        d2h = rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
         staged: list[np.ndarray] = []  # host arrays stay alive until the stream is synchronized
         for name in self.input_names:
             array = np.asarray(inputs[name], dtype=self._dtypes[name], order="C")
@@ -752,8 +643,8 @@ class TensorRTPartition:
                 raise InvalidInputError(self._shape_error(name, array.shape))
             ptr = runner.buffer(name, array.nbytes)
             if array.nbytes:
-                _cuda_call(
-                    cudart.cudaMemcpyAsync(ptr, array.ctypes.data, array.nbytes, h2d, stream),
+                cuda_call(
+                    rt.cudaMemcpyAsync(ptr, array.ctypes.data, array.nbytes, h2d, stream),
                     f"copying input {name!r} to the device",
                 )
             context.set_tensor_address(name, ptr)
@@ -775,13 +666,13 @@ class TensorRTPartition:
         for name in wanted:
             host = results[name]
             if host.nbytes:
-                _cuda_call(
-                    cudart.cudaMemcpyAsync(
+                cuda_call(
+                    rt.cudaMemcpyAsync(
                         host.ctypes.data, runner.buffers[name].ptr, host.nbytes, d2h, stream
                     ),
                     f"copying output {name!r} from the device",
                 )
-        _cuda_call(cudart.cudaStreamSynchronize(stream), "running the engine")
+        cuda_call(rt.cudaStreamSynchronize(stream), "running the engine")
         del staged
         return {name: results[name] for name in wanted}
 

@@ -1,21 +1,39 @@
 """Declarative op support: what a backend says it runs, and the check of a node against that.
 
-A backend lists ``OpRule``s; the partitioner asks ``supports(rules, node, opset)`` for every node and
+A backend lists ``OpRule``s; placement asks ``supports(rules, node, opset)`` for every node and
 gets ``True`` or the reason it is not taken ("Resize: mode 'cubic' not supported", "input 1 of
 Reshape must be constant"). Several rules may share an op (different opset ranges or dtypes): a
-node is taken when any of them accepts it.
+node is taken when any of them accepts it. The helpers below (attribute and constant lookups,
+checks of control-flow bodies) are what rule tables' ``check`` functions are written with.
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 
-from ferry.graph import dtype_name
+from ferry.graph import dtype_name, named_subgraphs
+from ferry.plan import is_constant
 
-__all__ = ["FLOAT_TYPES", "OpRule", "RuleTable", "is_constant", "supports"]
+__all__ = [
+    "FLOAT_TYPES",
+    "NodeCheck",
+    "OpRule",
+    "RuleTable",
+    "all_checks",
+    "attr",
+    "constant_array",
+    "is_constant",
+    "node_opsets",
+    "output_used",
+    "subgraphs_supported",
+    "supports",
+]
 
 #: dtype names, as ``ferry.graph.dtype_name`` spells them.
 FLOAT_TYPES = frozenset({"float32", "float16", "bfloat16"})
@@ -93,18 +111,6 @@ class OpRule:
         return None
 
 
-def is_constant(value: ir.Value) -> bool:
-    """Whether ``value`` is known before the graph runs: an initializer or a Constant's output."""
-    if value.const_value is not None or value.is_initializer():
-        return True
-    producer = value.producer()
-    return (
-        producer is not None
-        and producer.op_type == "Constant"
-        and producer.domain in ("", "ai.onnx")
-    )
-
-
 class RuleTable:
     """A backend's rules indexed by ``(domain, op_type)``."""
 
@@ -150,3 +156,92 @@ def _normal(domain: str, op_type: str) -> tuple[str, str]:
 
 def _op_name(node: ir.Node) -> str:
     return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+
+
+def attr(node: ir.Node, name: str, default: Any = None) -> Any:
+    """The value of attribute ``name`` of ``node`` (tuples for lists), or ``default``."""
+    found = node.attributes.get(name)
+    if found is None or found.is_ref():
+        return default
+    value = found.value
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def constant_array(value: ir.Value | None) -> np.ndarray | None:
+    """The value of an initializer or of a Constant node's output; None when not known."""
+    if value is None:
+        return None
+    try:
+        tensor = ir.convenience.get_const_tensor(value)
+    except ValueError:  # a malformed Constant node: not a constant anyone can rely on
+        return None
+    return None if tensor is None else np.asarray(tensor.numpy())
+
+
+def output_used(node: ir.Node, index: int) -> bool:
+    """Whether output ``index`` of ``node`` exists and is read (by a node or as a graph output)."""
+    if index >= len(node.outputs):
+        return False
+    value = node.outputs[index]
+    if value is None or not value.name:
+        return False
+    return bool(value.uses()) or value.is_graph_output()
+
+
+# The model's opsets while subgraphs_supported walks a body: a body's own graph imports none.
+_outer_opsets: contextvars.ContextVar[Mapping[str, int] | None] = contextvars.ContextVar(
+    "ferry_outer_opsets", default=None
+)
+
+
+def node_opsets(node: ir.Node) -> dict[str, int]:
+    """The opsets that apply to ``node``: its graph's imports; inside a body being checked, the
+    model's; else the node's own version."""
+    graph = node.graph
+    opsets = dict(graph.opset_imports) if graph is not None else {}
+    if not opsets:
+        outer = _outer_opsets.get()
+        if outer is not None:
+            return dict(outer)
+        if node.version is not None:
+            opsets[node.domain] = node.version
+    return opsets
+
+
+def subgraphs_supported(
+    node: ir.Node, table: RuleTable, opsets: Mapping[str, int] | None = None
+) -> bool | str:
+    """True when every node inside ``node``'s subgraphs (at any depth) is accepted by ``table``.
+
+    A control-flow node is only as runnable as its bodies: an If whose branch holds an op the
+    engine lacks cannot go to that engine whole.
+    """
+    opsets = node_opsets(node) if opsets is None else opsets
+    token = _outer_opsets.set(opsets)
+    try:
+        for name, graph in named_subgraphs(node):
+            # Direct children only: a nested If/Loop checks its own bodies through its rule.
+            for inner in graph:
+                verdict = table.supports(inner, opsets)
+                if verdict is not True:
+                    label = inner.name or inner.op_type
+                    return f"{name} holds node {label!r} it cannot run ({verdict})"
+    finally:
+        _outer_opsets.reset(token)
+    return True
+
+
+def all_checks(*checks: Callable[[ir.Node], bool | str] | None) -> Callable[[ir.Node], bool | str]:
+    """One check that runs ``checks`` in order and returns the first reason."""
+    present = [c for c in checks if c is not None]
+
+    def check(node: ir.Node) -> bool | str:
+        for c in present:
+            verdict = c(node)
+            if verdict is not True:
+                return verdict
+        return True
+
+    return check

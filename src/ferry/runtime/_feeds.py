@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ferry.errors import InvalidInputError
-from ferry.runtime.specs import TensorSpec
+from ferry.runtime._specs import TensorSpec
 
 __all__ = ["concrete_shape", "load_npy", "parse_dims", "parse_shape", "random_feeds"]
 

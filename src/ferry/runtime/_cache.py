@@ -40,7 +40,7 @@ from ferry._version import __version__
 from ferry.errors import FerryError
 
 if TYPE_CHECKING:
-    from ferry.backends.api import Backend, CompiledPartition, CompileSpec
+    from ferry.backends import Backend, CompiledPartition, CompileSpec
 
 __all__ = [
     "DEFAULT_MAX_BYTES",

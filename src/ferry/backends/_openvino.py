@@ -29,10 +29,12 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from ferry.backends.api import CompileSpec
-from ferry.backends.rules import OpRule
-from ferry.errors import ExecutionError, FerryError, InvalidInputError, ModelLoadError
+from ferry.backends._api import CompileSpec
+from ferry.backends._base import BackendBase
+from ferry.backends._rules import OpRule
+from ferry.errors import ExecutionError, InvalidInputError, ModelLoadError, PlanError
 from ferry.graph import dtype_name
+from ferry.plan import cut
 
 __all__ = ["OpenVINOBackend", "OpenVINOPartition", "compile_config", "rules_from_data"]
 
@@ -76,26 +78,14 @@ def _onnx_frontend() -> Any:
         return _frontend
 
 
-class OpenVINOBackend:
+class OpenVINOBackend(BackendBase):
     """OpenVINO's CPU plugin."""
 
     name = "openvino"
     device = "cpu"
     precisions = ("fp32", "bf16", "fp16")
-    install_hint = "pip install 'ferry[openvino]'"
-
-    @property
-    def version(self) -> str:
-        import openvino
-
-        return str(openvino.__version__)
-
-    def available(self) -> bool:
-        try:
-            import openvino  # noqa: F401
-        except ImportError:
-            return False
-        return True
+    sdk = "openvino"
+    extra = "openvino"
 
     def rules(self) -> Sequence[OpRule]:
         return _rules()
@@ -435,39 +425,11 @@ def _model_bytes(model: ir.Model) -> bytes:
 
 
 def _candidate_model(model: ir.Model, nodes: Sequence[str]) -> ir.Model | None:
-    """``nodes`` of ``model`` as a model of their own (as ``ferry.runtime.lower`` cuts partitions):
-    what they read from other nodes becomes inputs, what others or the graph read becomes outputs.
-    None when it cannot be cut (a subgraph reading outer values): then the whole model is asked.
-    """
-    from ferry.backends.rules import is_constant
-    from ferry.runtime.lower import partition_model
-    from ferry.runtime.plan import Partition
-
-    wanted = set(nodes)
-    inside = [node for node in model.graph if node.name in wanted]
-    if not inside:
-        return None
-    members = set(inside)
-    graph_outputs = set(model.graph.outputs)
-    inputs: dict[str, None] = {}
-    outputs: dict[str, None] = {}
-    for node in inside:
-        for value in node.inputs:
-            if value is None or value.producer() in members or value.name in inputs:
-                continue
-            if value.is_initializer() or is_constant(value):
-                continue  # carried along as a weight
-            inputs[value.name or ""] = None
-        for value in node.outputs:
-            users = {use.node for use in value.uses()}
-            if value in graph_outputs or not users or users - members:
-                outputs[value.name or ""] = None
-    partition = Partition(
-        "openvino", tuple(n.name or "" for n in inside), tuple(inputs), tuple(outputs)
-    )
+    """``nodes`` of ``model`` as a model of their own, as a partition of them would be lowered;
+    None when they cannot be cut out: then the whole model is asked."""
     try:
-        return partition_model(model, partition)
-    except FerryError as e:
+        return cut(model, nodes)
+    except PlanError as e:
         logger.debug("openvino: asking about the whole model: %s", e)
         return None
 

@@ -1,21 +1,22 @@
-"""The partitioner: which backend runs which nodes of a model.
+"""Placement: which backend runs which nodes of a model.
 
-``partition(model, backends)`` gives a :class:`~ferry.runtime.plan.Plan`; ``explain`` gives the same
-plan with a verdict per node (which backend took it, and why each backend tried before it did not)
-and the tensors that cross partition boundaries. The partitioner only decides: lowering a partition
-to a standalone model and compiling it are separate steps.
+``place(model, backends)`` gives a :class:`~ferry.plan.Plan`; ``explain`` gives the same plan with a
+verdict per node (which backend took it, and why each backend tried before it did not) and the
+tensors that cross partition boundaries. Placement only decides: lowering a partition to a
+standalone model and compiling it belong to ``ferry.runtime``.
 
 Algorithm (ONNX Runtime's ``GetCapability`` and TF-TRT's segmenter):
 
-1. Work on a clone: name every node and value (``NameFixPass``), infer shapes so that rules see
-   dtypes and ranks, and order the top-level nodes topologically. A node with subgraphs
-   (If/Loop/Scan) is one unit; the outer values its bodies read count as its inputs.
+1. Work on the prepared copy (``ferry.graph.prepare``: every node and value named, shapes
+   inferred so that rules see dtypes and ranks) with its top-level nodes in topological order. A
+   node with subgraphs (If/Loop/Scan) is one unit; the outer values its bodies read count as its
+   inputs.
 2. Shape-computation chains (nodes that depend on run-time data but whose results only end in
    inputs that carry shapes, axes or sizes, e.g. ``Shape -> Gather -> Concat -> Reshape``'s second
    input) stay on the fallback: engines want those values as constants, not as computations.
-3. Backend by backend, in priority order, a node is a candidate when the backend's ``RuleTable``
-   accepts it, it is not in ``force_cpu`` and not in a shape chain; the engine's ``validate`` may
-   then veto candidates.
+3. Backend by backend, in priority order, a node is a candidate when it is not in ``force_cpu``,
+   not in a shape chain, and the backend is capable of it (``_capability``: its rule table, then
+   the engine's own veto).
 4. Candidates are grouped in *waves* (ONNX Runtime's ``CreateSupportedPartitions``): walk the graph
    in Kahn's order, taking every ready non-candidate first, then every ready candidate into the
    current group until none is ready, then close the group. Each group is a contiguous stretch of
@@ -46,16 +47,16 @@ import heapq
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 import onnx
 import onnx_ir as ir
-from onnx_ir.passes.common import NameFixPass
 
-from ferry.backends.rules import OpRule, RuleTable
+from ferry.backends._capability import capability
+from ferry.backends._registry import FALLBACK, get_backend, parse_backends
 from ferry.errors import FerryError, InvalidInputError
-from ferry.graph import Dim, dtype_name, load_model
-from ferry.runtime.plan import Partition, Plan
+from ferry.graph import Dim, dtype_name, load_model, node_reads, prepare, subgraphs
+from ferry.plan import Partition, Plan, boundary
 
 if TYPE_CHECKING:
     import os
@@ -66,10 +67,9 @@ __all__ = [
     "UNCOUNTED_OPS",
     "BoundaryTensor",
     "NodeVerdict",
-    "PartitionBackend",
-    "PartitionReport",
+    "PlacementReport",
     "explain",
-    "partition",
+    "place",
 ]
 
 logger = logging.getLogger(__name__)
@@ -132,26 +132,9 @@ SHAPE_INPUTS: Mapping[str, frozenset[int]] = {
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
-#: Weights larger than this are left out of the proto given to shape inference (their type stays).
-_INFERENCE_WEIGHT_LIMIT = 1024
-
-
-@runtime_checkable
-class PartitionBackend(Protocol):
-    """What the partitioner needs of a backend: its name and its rules.
-
-    Every :class:`~ferry.backends.api.Backend` is one. A ``validate(model, nodes) -> {name: reason}``
-    method, when present, lets the engine veto nodes its rules over-claimed.
-    """
-
-    name: str
-
-    def rules(self) -> Sequence[OpRule]:
-        """The ops it runs."""
-        ...
-
-
-BackendLike = PartitionBackend | str
+#: A backend object (anything with a ``name`` and, to take nodes, ``rules()``; ``validate()`` when
+#: the engine can veto), or a registry name.
+BackendLike = Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +181,7 @@ class BoundaryTensor:
 
 
 @dataclasses.dataclass(frozen=True)
-class PartitionReport:
+class PlacementReport:
     """A plan together with the reasons behind it (``ferry plan --explain``).
 
     Attributes:
@@ -268,20 +251,20 @@ class PartitionReport:
         return self.format()
 
 
-def partition(
+def place(
     model: ir.Model | onnx.ModelProto | str | os.PathLike[str],
     backends: Sequence[BackendLike] | str,
     *,
     min_partition_size: int = DEFAULT_MIN_PARTITION_SIZE,
     force_cpu: Iterable[str] = (),
-    fallback: str = "onnxruntime",
+    fallback: str = FALLBACK,
     validate: bool = True,
 ) -> Plan:
     """Split ``model`` across ``backends``; what none of them takes goes to ``fallback``.
 
     Args:
         model: the model (never modified). Node names in the plan are those of the model after
-            ``NameFixPass``, which is what ``ferry.load`` names an unnamed model's nodes too.
+            ``ferry.graph.prepare``, which is what ``ferry.load`` names them too.
         backends: backend objects or registry names, highest priority first. The fallback may be
             among them; backends listed after it get nothing, since it takes every node.
         min_partition_size: groups with fewer nodes that compute something are left to the next
@@ -310,12 +293,12 @@ def explain(
     *,
     min_partition_size: int = DEFAULT_MIN_PARTITION_SIZE,
     force_cpu: Iterable[str] = (),
-    fallback: str = "onnxruntime",
+    fallback: str = FALLBACK,
     validate: bool = True,
-) -> PartitionReport:
-    """Like :func:`partition`, and say why: a verdict per node and the boundary tensors.
+) -> PlacementReport:
+    """Like :func:`place`, and say why: a verdict per node and the boundary tensors.
 
-    Arguments are those of :func:`partition`.
+    Arguments are those of :func:`place`.
     """
     _, report = _Partitioner(
         model, backends, min_partition_size, force_cpu, fallback, validate
@@ -351,7 +334,7 @@ class _Partitioner:
         self.fallback = fallback
         self.validate = validate
         self.backends = _resolve(backends, fallback)
-        self.model = _prepare(model)
+        self.model = prepare(model if isinstance(model, ir.Model) else load_model(model))
         self.graph = _Dag(self.model)
         self.forced = self._forced(force_cpu)
         self.shape_chain = _shape_chain(self.graph)
@@ -371,7 +354,7 @@ class _Partitioner:
 
     # -- steps ---------------------------------------------------------------------------------
 
-    def run(self, *, with_report: bool) -> tuple[Plan, PartitionReport | None]:
+    def run(self, *, with_report: bool) -> tuple[Plan, PlacementReport | None]:
         for backend in self.backends:
             self._pass(backend)
         groups = self._fallback_pass()
@@ -405,34 +388,33 @@ class _Partitioner:
             logger.warning("force_cpu entry %r matches no node name or op type in the model", entry)
         return forced
 
-    def _pass(self, backend: PartitionBackend) -> None:
+    def _pass(self, backend: Any) -> None:
         """Give ``backend`` the groups of unassigned nodes it takes."""
         name = backend.name
-        rules = getattr(backend, "rules", None)
-        table = RuleTable(rules()) if callable(rules) else None
-        opsets = self.model.opset_imports
-        candidates: set[int] = set()
-        for i, node in enumerate(self.graph.nodes):
+        asked: list[int] = []
+        for i in range(len(self.graph.nodes)):
             if self.assigned[i] is not None or self.graph.attached[i]:
                 continue
-            reason: str | bool
             if self.forced[i] is not None:
-                reason = f"forced onto {self.fallback} by force_cpu entry {self.forced[i]!r}"
+                why = f"forced onto {self.fallback} by force_cpu entry {self.forced[i]!r}"
             elif self.shape_chain[i]:
-                reason = (
+                why = (
                     "computes a shape (its results only feed shape, axes or size inputs); "
                     f"shape computations stay on {self.fallback}"
                 )
-            elif table is None:
-                reason = f"{name} declares no op rules"
             else:
-                reason = table.supports(node, opsets)
-            if reason is True:
+                asked.append(i)
+                continue
+            self.reasons[i][name] = why
+        names = [self.graph.nodes[i].name or "" for i in asked]
+        verdicts = capability(backend, self.model, names, ask_engine=self.validate)
+        candidates: set[int] = set()
+        for i, node_name in zip(asked, names):
+            verdict = verdicts[node_name]
+            if verdict is True:
                 candidates.add(i)
             else:
-                self.reasons[i][name] = str(reason)
-        if candidates and self.validate:
-            self._veto(backend, candidates)
+                self.reasons[i][name] = str(verdict)
         if not candidates:
             return
         groups = [seg for supported, seg in self._waves(candidates) if supported]
@@ -450,28 +432,6 @@ class _Partitioner:
                     self.reasons[i][name] = why
                 continue
             self._fix(members, name)
-
-    def _veto(self, backend: PartitionBackend, candidates: set[int]) -> None:
-        check = getattr(backend, "validate", None)
-        if not callable(check):
-            return
-        names = [self.graph.nodes[i].name or "" for i in sorted(candidates)]
-        try:
-            vetoed = check(self.model, names)
-        except FerryError:
-            raise
-        except Exception as e:  # an engine's own exception types; name the backend
-            raise FerryError(
-                f"backend {backend.name!r} failed while validating {len(names)} candidate "
-                f"node(s): {e}; partition with validate=False to rely on its rules alone"
-            ) from e
-        for node_name, why in dict(vetoed or {}).items():
-            i = self.graph.by_name.get(node_name)
-            if i is None or i not in candidates:
-                logger.debug("%s vetoed %r, which was not a candidate", backend.name, node_name)
-                continue
-            candidates.discard(i)
-            self.reasons[i][backend.name] = f"vetoed by {backend.name}: {why}"
 
     def _fix(self, members: list[int], backend: str) -> None:
         """Make ``members`` (single-node units) one unit that runs on ``backend``."""
@@ -580,9 +540,9 @@ class _Partitioner:
         for i in range(len(graph.nodes)):
             if not graph.attached[i]:
                 continue
-            readers = [part_of[r] for r in graph.succs[i] if part_of[r] >= 0]
-            if readers:
-                target = min(readers)
+            reading = [part_of[r] for r in graph.succs[i] if part_of[r] >= 0]
+            if reading:
+                target = min(reading)
             elif members:
                 target = 0
             else:
@@ -597,17 +557,13 @@ class _Partitioner:
             for i in orphans:
                 part_of[i] = len(members) - 1
                 self.assigned[i] = self.fallback
+        readers = {v: [graph.nodes[r] for r in rs] for v, rs in graph.readers.items()}
         partitions = []
         for index, nodes in enumerate(members):
             nodes.sort()
-            partitions.append(
-                Partition(
-                    backend=backends[index],
-                    nodes=tuple(graph.nodes[i].name or "" for i in nodes),
-                    inputs=self._inputs_of(nodes, index, part_of),
-                    outputs=self._outputs_of(nodes, index, part_of),
-                )
-            )
+            names = tuple(graph.nodes[i].name or "" for i in nodes)
+            inputs, outputs = boundary(self.model, names, readers=readers)
+            partitions.append(Partition(backends[index], names, inputs, outputs))
         g = self.model.graph
         plan = Plan(
             partitions=tuple(partitions),
@@ -616,42 +572,7 @@ class _Partitioner:
         )
         return plan, part_of
 
-    def _inputs_of(self, nodes: list[int], index: int, part_of: list[int]) -> tuple[str, ...]:
-        graph = self.graph
-        found: dict[str, None] = {}
-        for i in nodes:
-            for value in graph.reads[i]:
-                if value.is_initializer() or value.name in self.model.graph.initializers:
-                    continue  # weights stay with the partition that reads them
-                j = graph.producer_index(value)
-                if j is not None and (part_of[j] == index or graph.attached[j]):
-                    # A Constant elsewhere is copied into each partition that reads it when the
-                    # plan is lowered: fed at run time, it would stop being a constant there.
-                    continue
-                found[value.name or ""] = None
-        return tuple(found)
-
-    def _outputs_of(self, nodes: list[int], index: int, part_of: list[int]) -> tuple[str, ...]:
-        graph = self.graph
-        found: list[str] = []
-        for i in nodes:
-            for value in graph.nodes[i].outputs:
-                readers = graph.readers.get(value, ())
-                handed_on = not graph.attached[i] and any(part_of[r] != index for r in readers)
-                if value.is_graph_output() or handed_on:
-                    found.append(value.name or "")
-        if not found:
-            # Dead code (nothing it computes reaches a graph output). Engines refuse a model
-            # without outputs, so it hands on its dangling values, which nobody asks for.
-            found = [
-                value.name or ""
-                for i in nodes
-                for value in graph.nodes[i].outputs
-                if not graph.readers.get(value)
-            ]
-        return tuple(found)
-
-    def _report(self, plan: Plan, part_of: list[int]) -> PartitionReport:
+    def _report(self, plan: Plan, part_of: list[int]) -> PlacementReport:
         graph = self.graph
         verdicts = []
         for i, node in enumerate(graph.nodes):
@@ -673,7 +594,7 @@ class _Partitioner:
                 )
                 if consumers:
                     boundaries.append(_boundary(value, index, tuple(consumers)))
-        return PartitionReport(plan, tuple(verdicts), tuple(boundaries))
+        return PlacementReport(plan, tuple(verdicts), tuple(boundaries))
 
 
 class _Dag:
@@ -704,9 +625,7 @@ class _Dag:
         self.preds: list[list[int]] = []
         self.succs: list[list[int]] = [[] for _ in self.nodes]
         for i, node in enumerate(self.nodes):
-            reads = list(dict.fromkeys(v for v in node.inputs if v is not None))
-            if _has_subgraphs(node):
-                reads.extend(v for v in _captured(node) if v not in reads)
+            reads = node_reads(node)
             self.reads.append(reads)
             preds: dict[int, None] = {}
             for value in reads:
@@ -724,7 +643,7 @@ class _Dag:
             node.op_type == "Constant"
             and node.domain in _DEFAULT_DOMAINS
             and not self.reads[i]
-            and not _has_subgraphs(node)
+            and not subgraphs(node)
             for i, node in enumerate(self.nodes)
         ]
 
@@ -748,7 +667,7 @@ def _shape_chain(graph: _Dag) -> list[bool]:
     chain = [False] * n
     for i in range(n - 1, -1, -1):
         node = graph.nodes[i]
-        if not runtime[i] or _has_subgraphs(node):
+        if not runtime[i] or subgraphs(node):
             continue
         used = False
         ok = True
@@ -777,27 +696,16 @@ def _shape_chain(graph: _Dag) -> list[bool]:
     return chain
 
 
-def _resolve(backends: Sequence[BackendLike] | str, fallback: str) -> list[PartitionBackend]:
+def _resolve(backends: Sequence[BackendLike] | str, fallback: str) -> list[Any]:
     """Backend objects in priority order, up to (not including) the fallback."""
-    if isinstance(backends, str):
-        backends = [b.strip() for b in backends.split(",") if b.strip()]
-    items = list(backends)
-    found: list[PartitionBackend] = []
+    items: list[Any] = parse_backends(backends) if isinstance(backends, str) else list(backends)
+    found: list[Any] = []
     seen: set[str] = set()
     for position, item in enumerate(items):
-        backend: PartitionBackend | None = None
-        if isinstance(item, str):
-            backend_name = item
-            if item != fallback:
-                from ferry.backends import get_backend
-
-                backend = get_backend(item)
-        else:
-            backend = item
-            backend_name = str(getattr(item, "name", ""))
-            if not backend_name:
-                raise InvalidInputError(f"backend {item!r} has no name attribute")
-        if backend_name == fallback:
+        name = item if isinstance(item, str) else str(getattr(item, "name", ""))
+        if not name:
+            raise InvalidInputError(f"backend {item!r} has no name attribute")
+        if name == fallback:
             rest = items[position + 1 :]
             if rest:
                 logger.info(
@@ -806,130 +714,11 @@ def _resolve(backends: Sequence[BackendLike] | str, fallback: str) -> list[Parti
                     ", ".join(str(getattr(b, "name", b)) for b in rest),
                 )
             break
-        if backend is None or backend_name in seen:
+        if name in seen:
             continue
-        seen.add(backend_name)
-        found.append(backend)
+        seen.add(name)
+        found.append(get_backend(item) if isinstance(item, str) else item)
     return found
-
-
-def _prepare(source: ir.Model | onnx.ModelProto | str | os.PathLike[str]) -> ir.Model:
-    """A named, shape-inferred clone of the model (the caller's model is never touched)."""
-    model = source if isinstance(source, ir.Model) else load_model(source)
-    try:
-        work = model.clone()
-    except RuntimeError:
-        # onnx_ir clones only topologically sorted graphs; a round trip through the proto takes
-        # any order (and copies the weights, which only such rare models pay for).
-        work = ir.from_proto(ir.to_proto(model))
-    NameFixPass()(work)
-    _infer_types(work)
-    return work
-
-
-def _infer_types(work: ir.Model) -> None:
-    """Give the top-level values of ``work`` the dtypes and shapes ONNX shape inference finds.
-
-    Best effort: rules see dtypes and ranks where inference knows them; a model it cannot handle
-    (custom ops) keeps its declared types. Only values without a dtype or shape get one.
-    onnx_ir's ``ShapeInferencePass`` does the same but deserializes the whole inferred model to
-    merge it back, which takes most of the time on large graphs; this reads only the value infos.
-    Weights above 1 KiB are left out of the proto, as that pass does, so nothing large is copied.
-    """
-    graph = work.graph
-    saved = [(v, v.const_value) for v in graph.initializers.values()]
-    inputs = list(graph.inputs)
-    listed = set(inputs)
-    try:
-        for value, tensor in saved:
-            if tensor is not None:
-                value.shape = (
-                    value.shape if value.shape is not None else ir.Shape(tensor.shape.numpy())
-                )
-                value.dtype = value.dtype if value.dtype is not None else tensor.dtype
-            if value not in listed:
-                graph.inputs.append(value)  # typed as an input, so inference knows it
-            if tensor is None or tensor.nbytes > _INFERENCE_WEIGHT_LIMIT:
-                graph.initializers.pop(value.name or "")
-                value.const_value = None
-        proto = ir.to_proto(work)
-    finally:
-        for value, tensor in saved:
-            value.const_value = tensor
-            if (value.name or "") in graph.initializers:
-                continue
-            if tensor is not None:
-                graph.register_initializer(value)
-            else:  # register_initializer wants data; a weight not loaded yet goes back as it was
-                graph.initializers.add(value)
-        graph.inputs.clear()
-        graph.inputs.extend(inputs)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
-    except Exception as e:  # onnx raises many types; inference only refines what rules see
-        logger.info("shape inference failed, partitioning on declared types: %s", e)
-        return
-    by_name: dict[str, ir.Value] = {}
-    for node in graph:
-        for value in node.outputs:
-            if value.dtype is None or value.shape is None:
-                by_name[value.name or ""] = value
-    for info in inferred.graph.value_info:
-        target = by_name.get(info.name)
-        if target is None or not info.type.HasField("tensor_type"):
-            continue
-        tensor_type = info.type.tensor_type
-        if target.dtype is None and tensor_type.elem_type:
-            target.dtype = ir.DataType(tensor_type.elem_type)
-        if target.shape is None and tensor_type.HasField("shape"):
-            target.shape = ir.Shape(
-                [
-                    d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                    for d in tensor_type.shape.dim
-                ]
-            )
-
-
-def _has_subgraphs(node: ir.Node) -> bool:
-    return any(
-        isinstance(attr, ir.Attr) and attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
-        for attr in node.attributes.values()
-    )
-
-
-def _subgraphs_of(node: ir.Node) -> list[ir.Graph]:
-    graphs: list[ir.Graph] = []
-    for attr in node.attributes.values():
-        if not isinstance(attr, ir.Attr):
-            continue
-        if attr.type == ir.AttributeType.GRAPH:
-            graphs.append(attr.as_graph())
-        elif attr.type == ir.AttributeType.GRAPHS:
-            graphs.extend(attr.as_graphs())
-    return graphs
-
-
-def _captured(node: ir.Node) -> list[ir.Value]:
-    """Values from outside ``node`` that its subgraphs (at any depth) read."""
-    defined: set[ir.Value] = set()
-    used: dict[ir.Value, None] = {}
-
-    def visit(graph: ir.Graph) -> None:
-        defined.update(graph.inputs)
-        defined.update(graph.initializers.values())
-        for inner in graph:
-            for value in inner.inputs:
-                if value is not None:
-                    used[value] = None
-            defined.update(inner.outputs)
-            for sub in _subgraphs_of(inner):
-                visit(sub)
-        for value in graph.outputs:
-            used[value] = None
-
-    for graph in _subgraphs_of(node):
-        visit(graph)
-    return [v for v in used if v not in defined]
 
 
 def _uncounted(node: ir.Node) -> bool:
