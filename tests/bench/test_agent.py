@@ -25,12 +25,16 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 import models  # noqa: E402
-from ferry.bench import report  # noqa: E402
-from ferry.bench.agent import RunningAgent, create_app, serve_in_thread  # noqa: E402
-from ferry.bench.device import device_info  # noqa: E402
-from ferry.bench.remote import run_remote  # noqa: E402
-from ferry.bench.runner import BenchSpec, run_bench  # noqa: E402
+from ferry.bench import (  # noqa: E402
+    BenchSpec,
+    check_results,
+    create_agent_app,
+    device_info,
+    run_bench,
+    run_remote,
+)
 from ferry.errors import FerryError  # noqa: E402
+from ferry.serving import ServerThread  # noqa: E402
 
 TOKEN = "agent-s3cret"
 LIMIT = 200_000  # bytes: the agent's upload limit here (the MLP is ~1 KB)
@@ -48,22 +52,23 @@ def job_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def agent(job_tmp: Path) -> Iterator[RunningAgent]:
-    running = serve_in_thread(create_app(TOKEN, max_upload_bytes=LIMIT, max_queue=1))
+def agent(job_tmp: Path) -> Iterator[ServerThread]:
+    running = ServerThread(create_agent_app(TOKEN, max_upload_bytes=LIMIT, max_queue=1), port=0)
+    running.start()
     try:
         yield running
     finally:
         running.stop()
-    assert not running.thread.is_alive()
+    assert not running.is_alive()
 
 
-def _post(agent: RunningAgent, body: bytes, spec: dict[str, Any] | None = None, **kw: Any) -> Any:
+def _post(agent: ServerThread, body: bytes, spec: dict[str, Any] | None = None, **kw: Any) -> Any:
     headers = {**AUTH, "X-Ferry-Spec": json.dumps(spec if spec is not None else SPEC.to_dict())}
     headers.update(kw.pop("headers", {}))
     return httpx.post(f"{agent.url}/jobs", content=body, headers=headers, timeout=30, **kw)
 
 
-def _wait(agent: RunningAgent, job: str, limit_s: float = 60) -> Any:
+def _wait(agent: ServerThread, job: str, limit_s: float = 60) -> Any:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         r = httpx.get(f"{agent.url}/jobs/{job}?wait=5", headers=AUTH, timeout=30)
@@ -85,12 +90,12 @@ def _shape_of(value: Any) -> Any:
     return type(value).__name__
 
 
-def test_remote_results_have_the_local_form(agent: RunningAgent, mlp_path: Path) -> None:
+def test_remote_results_have_the_local_form(agent: ServerThread, mlp_path: Path) -> None:
     spec = BenchSpec(batches=(1, 3), iterations=5, warmup=1, isolate=False)
     stages: list[str] = []
     remote = run_remote(agent.url, TOKEN, mlp_path, spec, progress=lambda s, d, t: stages.append(s))
     local = run_bench(mlp_path, spec)
-    assert report.check_results(remote)
+    assert check_results(remote)
     assert _shape_of(remote) == _shape_of(local)
     assert remote["model"] == local["model"]  # path and name are set back to the local ones
     assert remote["device"] == httpx.get(f"{agent.url}/device", headers=AUTH).json()
@@ -104,7 +109,7 @@ def test_remote_results_have_the_local_form(agent: RunningAgent, mlp_path: Path)
 
 
 def test_artifact_with_external_data_and_inputs(
-    agent: RunningAgent, tmp_path: Path, job_tmp: Path
+    agent: ServerThread, tmp_path: Path, job_tmp: Path
 ) -> None:
     folder = tmp_path / "artifact"
     folder.mkdir()
@@ -119,7 +124,7 @@ def test_artifact_with_external_data_and_inputs(
     assert list(job_tmp.iterdir()) == []  # the job's files are gone
 
 
-def test_zip_of_a_folder_and_isolated_job(agent: RunningAgent, tmp_path: Path) -> None:
+def test_zip_of_a_folder_and_isolated_job(agent: ServerThread, tmp_path: Path) -> None:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
         zf.writestr("my-model/", "")
@@ -133,7 +138,7 @@ def test_zip_of_a_folder_and_isolated_job(agent: RunningAgent, tmp_path: Path) -
     assert row["error"] is None and row["peak_rss_mb"] > 0 and row["cold_start_s"] > 0
 
 
-def test_token_is_required(agent: RunningAgent, mlp_path: Path, job_tmp: Path) -> None:
+def test_token_is_required(agent: ServerThread, mlp_path: Path, job_tmp: Path) -> None:
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
         r = httpx.get(f"{agent.url}/device", headers=headers)
         assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
@@ -149,7 +154,7 @@ def test_token_is_required(agent: RunningAgent, mlp_path: Path, job_tmp: Path) -
     assert engines["onnxruntime"]["available"] and engines["onnxruntime"]["precisions"] == ["fp32"]
 
 
-def test_oversized_uploads_are_refused(agent: RunningAgent, tmp_path: Path, job_tmp: Path) -> None:
+def test_oversized_uploads_are_refused(agent: ServerThread, tmp_path: Path, job_tmp: Path) -> None:
     r = _post(agent, b"\0" * (LIMIT + 1))
     assert r.status_code == 413 and "at most" in r.json()["error"]
 
@@ -179,7 +184,7 @@ def test_oversized_uploads_are_refused(agent: RunningAgent, tmp_path: Path, job_
     assert list(job_tmp.iterdir()) == []
 
 
-def test_bad_uploads_and_specs(agent: RunningAgent, mlp_path: Path, job_tmp: Path) -> None:
+def test_bad_uploads_and_specs(agent: ServerThread, mlp_path: Path, job_tmp: Path) -> None:
     model = mlp_path.read_bytes()
     for spec_header, message in (
         ("{not json", "not valid JSON"),
@@ -213,7 +218,7 @@ def test_bad_uploads_and_specs(agent: RunningAgent, mlp_path: Path, job_tmp: Pat
 
 
 def test_broken_models_fail_their_job_and_the_agent_stays_up(
-    agent: RunningAgent, mlp_path: Path, tmp_path: Path, job_tmp: Path
+    agent: ServerThread, mlp_path: Path, tmp_path: Path, job_tmp: Path
 ) -> None:
     # Not ONNX at all: refused at upload.
     r = _post(agent, b"garbage" * 100)
@@ -233,7 +238,7 @@ def test_broken_models_fail_their_job_and_the_agent_stays_up(
     assert list(job_tmp.iterdir()) == []
 
 
-def test_one_job_at_a_time_and_a_bounded_queue(agent: RunningAgent, mlp_path: Path) -> None:
+def test_one_job_at_a_time_and_a_bounded_queue(agent: ServerThread, mlp_path: Path) -> None:
     model = mlp_path.read_bytes()
     answers = [_post(agent, model) for _ in range(3)]
     codes = [r.status_code for r in answers]

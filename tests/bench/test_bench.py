@@ -17,12 +17,12 @@ import pytest
 
 import ferry
 import models
-from ferry.bench import latency, report
-from ferry.bench.device import device_info
-from ferry.bench.runner import (
+from ferry import bench
+from ferry.bench import (
     SCHEMA,
     BenchSpec,
     batch_feeds,
+    device_info,
     file_sha256,
     resolve_targets,
     run_bench,
@@ -61,7 +61,7 @@ def local_results(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[
 
 def test_results_schema_and_sanity(local_results: tuple[Path, dict[str, Any]]) -> None:
     path, results = local_results
-    assert report.check_results(results) is results
+    assert bench.check_results(results) is results
     assert results["schema"] == SCHEMA
     json.dumps(results, allow_nan=False)  # plain JSON: no NaN/inf, no numpy types
     assert results["model"]["sha256"] == file_sha256(path)
@@ -106,7 +106,7 @@ def test_unavailable_engine_is_a_failed_row_not_fatal(
         assert "not available" in row["error"] and "ferry[tensorrt]" in row["error"]
         assert row["latency_ms"] is None and row["ratio_to_ort_fp32"] is None
         assert not row["fastest"]
-    assert report.errors(local_results[1]) == [f"tensorrt fp32: {rows[0]['error']}"]
+    assert bench.errors(local_results[1]) == [f"tensorrt fp32: {rows[0]['error']}"]
 
 
 def test_reports_table_and_csv(local_results: tuple[Path, dict[str, Any]]) -> None:
@@ -114,13 +114,13 @@ def test_reports_table_and_csv(local_results: tuple[Path, dict[str, Any]]) -> No
 
     results = local_results[1]
     console = Console(width=200, record=True)
-    console.print(report.table(results))
+    console.print(bench.table(results))
     text = console.export_text()
     assert "* onnxruntime fp32" in text and "p50 vs ORT" in text and "1.00x" in text
     console = Console(width=80, record=True)
-    console.print(report.table(results, compact=True))
+    console.print(bench.table(results, compact=True))
     assert max(len(line) for line in console.export_text().splitlines()) <= 80
-    rows = list(csv.DictReader(io.StringIO(report.to_csv(results))))
+    rows = list(csv.DictReader(io.StringIO(bench.to_csv(results))))
     assert len(rows) == len(results["configurations"])
     first, config = rows[0], results["configurations"][0]
     assert float(first["p99_ms"]) == config["latency_ms"]["p99"]
@@ -137,7 +137,7 @@ def test_no_isolate_and_given_inputs(mlp_path: Path) -> None:
         assert c["inputs"] == {"x": [c["batch"], 16]}
         assert c["cold_start_s"] > 0
         assert c["peak_rss_mb"] is None and c["warm_start_s"] is None
-    report.check_results(results)
+    bench.check_results(results)
 
 
 def test_batch_feeds_cut_repeat_and_generate() -> None:
@@ -217,7 +217,7 @@ def test_split_plan_times_each_partition(mlp_path: Path) -> None:
     assert sum(p["mean_ms"] for p in parts) <= row["latency_ms"]["mean"] * (1 + 1e-9)
     assert row["warm_start_s"] is not None and row["warm_start_s"] > 0  # OpenVINO stores engines
     assert row["ratio_to_ort_fp32"]["p50"] > 0
-    assert report.partition_lines(results)[0].startswith("openvino fp32 batch 1: #0 openvino")
+    assert bench.partition_lines(results)[0].startswith("openvino fp32 batch 1: #0 openvino")
 
 
 def test_session_partition_timer() -> None:
@@ -256,10 +256,10 @@ def test_interleave_alternates_blocks_and_survives_errors() -> None:
             raise RuntimeError("engine fell over")
 
     timing: list[bool] = []
-    a = latency.Contender(fn("a"), timing=timing.append)
-    b = latency.Contender(fn("b"))
-    c = latency.Contender(boom)
-    latency.interleave([a, b, c], warmup=2, iterations=25, block=10)
+    a = bench.Contender(fn("a"), timing=timing.append)
+    b = bench.Contender(fn("b"))
+    c = bench.Contender(boom)
+    bench.interleave([a, b, c], warmup=2, iterations=25, block=10)
     assert len(a.samples_ns) == len(b.samples_ns) == 25
     assert isinstance(c.error, RuntimeError) and len(c.samples_ns) < 25
     calls = [x for x in log if x in "ab"]
@@ -268,10 +268,10 @@ def test_interleave_alternates_blocks_and_survives_errors() -> None:
     assert calls[4:15] == ["a"] * 11 and calls[15:26] == ["b"] * 11
     assert calls[26:37] == ["b"] * 11 and calls[37:48] == ["a"] * 11
     assert timing == [True, False] * 3
-    d = latency.Contender(lambda: None)
-    latency.interleave([d], warmup=0, iterations=None, duration_s=0.05)
+    d = bench.Contender(lambda: None)
+    bench.interleave([d], warmup=0, iterations=None, duration_s=0.05)
     assert d.timed_ns >= 0.05e9 and len(d.samples_ns) > 1
-    stats = latency.summarize_ms([1_000_000, 2_000_000, 3_000_000], batch=2)
+    stats = bench.summarize_ms([1_000_000, 2_000_000, 3_000_000], batch=2)
     assert stats["latency_ms"]["p50"] == 2.0 and stats["throughput"] == pytest.approx(1000.0)
 
 
@@ -287,15 +287,15 @@ def test_save_to_artifact_merges(tmp_path: Path) -> None:
     (folder / "ferry.json").write_text(json.dumps({"parity": {"passed": True}}))
     results = run_bench(folder, BenchSpec(iterations=3, warmup=0, isolate=False))
     assert results["model"]["name"] == "artifact"
-    saved = report.save_to_artifact(results, folder)
+    saved = bench.save_to_artifact(results, folder)
     data = json.loads(saved.read_text())
     assert data["parity"] == {"passed": True} and data["benchmarks"] == [results]
     other = json.loads(json.dumps(results))
     other["device"]["hostname"] = "board-7"
-    report.save_to_artifact(other, folder)
+    bench.save_to_artifact(other, folder)
     again = json.loads(json.dumps(results))
     again["created"] = "later"
-    report.save_to_artifact(again, folder)  # same device: replaces its earlier run
+    bench.save_to_artifact(again, folder)  # same device: replaces its earlier run
     runs = json.loads(saved.read_text())["benchmarks"]
     assert [(r["device"]["hostname"], r["created"]) for r in runs] == [
         ("board-7", results["created"]),
@@ -304,7 +304,7 @@ def test_save_to_artifact_merges(tmp_path: Path) -> None:
     assert sorted(p.name for p in folder.iterdir()) == ["ferry.json", "model.onnx"]
     # Created when missing.
     fresh = _artifact(tmp_path, "fresh")
-    report.save_to_artifact(results | {"model": {**results["model"]}}, fresh)
+    bench.save_to_artifact(results | {"model": {**results["model"]}}, fresh)
     assert json.loads((fresh / "ferry.json").read_text())["benchmarks"][0]["schema"] == SCHEMA
 
 
@@ -312,20 +312,20 @@ def test_save_to_artifact_refuses(tmp_path: Path, mlp_path: Path) -> None:
     folder = _artifact(tmp_path)
     results = run_bench(folder, BenchSpec(iterations=2, warmup=0, isolate=False))
     with pytest.raises(FerryError, match="needs an artifact folder"):
-        report.save_to_artifact(results, mlp_path)
+        bench.save_to_artifact(results, mlp_path)
     other = _artifact(tmp_path, "other")
     onnx.save(models.mlp(seed=5), other / "model.onnx")
     with pytest.raises(FerryError, match="for another model"):
-        report.save_to_artifact(results, other)
+        bench.save_to_artifact(results, other)
     (folder / "ferry.json").write_text("{not json")
     with pytest.raises(FerryError, match="not valid JSON"):
-        report.save_to_artifact(results, folder)
+        bench.save_to_artifact(results, folder)
     assert (folder / "ferry.json").read_text() == "{not json"  # left as it was
 
 
 def test_plot(tmp_path: Path, local_results: tuple[Path, dict[str, Any]], monkeypatch: Any) -> None:
     pytest.importorskip("matplotlib")
-    from ferry.bench.plot import plot_latency
+    from ferry.bench import plot_latency
 
     out = plot_latency(local_results[1], tmp_path / "lat.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -140,9 +140,10 @@ def test_user_errors_exit_2_with_one_line(
 def agent_url() -> Iterator[str]:
     pytest.importorskip("starlette")
     pytest.importorskip("uvicorn")
-    from ferry.bench.agent import create_app, serve_in_thread
+    from ferry.bench import create_agent_app
+    from ferry.serving import ServerThread
 
-    running = serve_in_thread(create_app(TOKEN, max_upload_bytes=1 << 20))
+    running = ServerThread(create_agent_app(TOKEN, max_upload_bytes=1 << 20), port=0).start()
     try:
         yield running.url
     finally:

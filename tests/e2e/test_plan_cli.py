@@ -98,6 +98,15 @@ def test_plain_ort_plan_text_and_json(mlp_file: Path) -> None:
     data = json.loads(out)
     (part,) = data["plan"]["partitions"]
     assert part["backend"] == "onnxruntime" and len(part["nodes"]) == 4
+    # --explain says where each node runs even when ONNX Runtime runs them all.
+    code, out, _ = ferry_cli("plan", mlp_file, "--explain", "--json")
+    data = json.loads(out)
+    assert {n["node"]: n["backend"] for n in data["nodes"]} == dict.fromkeys(
+        ("fc1", "relu", "fc2", "softmax"), "onnxruntime"
+    )
+    assert data["boundary_bytes"] == 0
+    code, out, _ = ferry_cli("plan", mlp_file, "--explain")
+    assert code == 0 and "runs on" in out and "0 tensor(s) cross engines" in out
 
 
 def test_explain_json_gives_every_node_a_verdict_and_boundaries(

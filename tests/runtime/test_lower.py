@@ -11,8 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_ir.passes.common import NameFixPass
 
 import models
-from ferry.errors import FerryError
-from ferry.plan import Partition, Plan, check_plan, cut_partition
+from ferry.errors import FerryError, PlanError
+from ferry.plan import Partition, Plan, boundary, check_plan, cut, cut_partition
 from ferry.runtime import lower_plan
 
 
@@ -269,3 +269,59 @@ def test_unnamed_or_duplicate_nodes_are_refused() -> None:
     next(iter(model.graph)).name = "relu"
     with pytest.raises(FerryError, match="two nodes are named 'relu'"):
         check_plan(model, plan)
+
+
+# --------------------------------------------------------------------------------------------------
+# boundary / cut: the one way every caller turns a node set into a model
+
+
+def test_boundary_counts_what_bodies_read_as_reads_of_their_node() -> None:
+    model = named(models.with_if())
+    inputs, outputs = boundary(model, ["branch"])
+    # 'x' is read only inside the branches; 'two' is a weight, carried, never fed.
+    assert inputs == ("cond", "x") and outputs == ("y",)
+    sub = cut(model, ["branch"])
+    assert [v.name for v in sub.graph.inputs] == ["cond", "x"]
+
+
+def test_boundary_hands_on_what_others_read_and_dangling_values_only_for_dead_code() -> None:
+    proto = models.mlp()
+    # A second reader of 'r' outside the set, and a dead-end branch off 'h'.
+    proto.graph.node.append(helper.make_node("Neg", ["r"], ["n"], name="neg"))
+    proto.graph.output.append(helper.make_tensor_value_info("n", TensorProto.FLOAT, None))
+    proto.graph.node.append(helper.make_node("Abs", ["h"], ["unused"], name="dead"))
+    model = named(proto)
+    assert boundary(model, ["fc1", "relu"]) == (("x",), ("h", "r"))  # 'h' feeds the dead end
+    assert boundary(model, ["fc1", "relu", "dead"]) == (("x",), ("r",))  # 'unused' is not asked
+    assert boundary(model, ["dead"]) == (("h",), ("unused",))  # nothing else: its dangling value
+    sub = cut(model, ["dead"])
+    assert [v.name for v in sub.graph.outputs] == ["unused"]
+
+
+def test_constant_nodes_are_copied_in_never_fed_nor_handed_on() -> None:
+    shape = numpy_helper.from_array(np.array([2, 8], np.int64))
+    graph = helper.make_graph(
+        [
+            helper.make_node("Constant", [], ["target"], name="const", value=shape),
+            helper.make_node("Relu", ["x"], ["r"], name="relu"),
+            helper.make_node("Reshape", ["r", "target"], ["y"], name="reshape"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+    )
+    model = named(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert boundary(model, ["reshape"]) == (("r",), ("y",))  # 'target' is not fed
+    assert boundary(model, ["const", "relu"]) == (("x",), ("r",))  # ...nor handed on
+    sub = cut(model, ["reshape"])
+    assert [n.name for n in sub.graph] == ["const", "reshape"]
+    x = np.arange(16, dtype=np.float32).reshape(4, 4)
+    np.testing.assert_array_equal(run(sub, {"r": x})["y"], x.reshape(2, 8))
+
+
+def test_cut_checks_a_fixed_boundary() -> None:
+    model = named(models.mlp())
+    with pytest.raises(PlanError, match="declares output 'h', which none of its nodes computes"):
+        cut(model, ["relu"], inputs=["h"], outputs=["h"])
+    with pytest.raises(PlanError, match="names node.*'nope'"):
+        cut(model, ["nope"])

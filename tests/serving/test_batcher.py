@@ -17,8 +17,7 @@ import pytest
 
 import ferry
 from ferry.errors import ExecutionError
-from ferry.serving.batcher import DynamicBatcher, ExecutionRecord, run_items
-from ferry.serving.scheduler import Instance, InstancePool
+from ferry.serving import DynamicBatcher, ExecutionRecord, Instance, InstancePool, run_items
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 import models

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ferry.errors import InvalidInputError
-from ferry.serving.codec import DATATYPES, datatype_of, decode_request, encode_response
+from ferry.serving import DATATYPES, datatype_of, decode_request, encode_response
 
 tritonhttp = pytest.importorskip("tritonclient.http")
 from tritonclient.http._utils import _get_inference_request  # noqa: E402

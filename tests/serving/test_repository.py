@@ -15,20 +15,18 @@ from _serving_models import add_const, gather_rows, identity, write_config, writ
 from onnx import TensorProto
 
 from ferry.errors import InvalidInputError, ModelLoadError
-from ferry.serving.codec import InferRequest
-from ferry.serving.config import (
+from ferry.serving import (
     ConfigError,
+    InferRequest,
     ModelConfig,
-    VersionPolicy,
-    parse_config,
-    resolve_config,
-)
-from ferry.serving.repository import (
     ModelNotFoundError,
     ModelNotReadyError,
     ModelRepository,
+    VersionPolicy,
     check_model_name,
     find_model_file,
+    parse_config,
+    resolve_config,
 )
 
 T = TypeVar("T")

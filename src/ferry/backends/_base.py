@@ -1,4 +1,5 @@
-"""What every built-in adapter shares: its engine's version, availability and install hint.
+"""What every built-in adapter shares: its engine's version, availability and install hint, and
+how an engine is handed a model.
 
 An adapter names the module its engine's SDK is imported as (``sdk``) and the pip extra that
 installs it; the version comes from the SDK's ``__version__``, availability from whether it
@@ -7,14 +8,48 @@ imports. Engines that can tell which nodes they reject override ``validate``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
-if TYPE_CHECKING:
-    import onnx_ir as ir
+import onnx_ir as ir
 
-__all__ = ["BackendBase"]
+__all__ = ["BackendBase", "model_source"]
+
+#: Models whose weights pass this go to engines as a file: protobuf cannot hold 2 GiB.
+INLINE_LIMIT = 1 << 30
+
+
+@contextlib.contextmanager
+def model_source(
+    model: ir.Model, path: Path | None = None
+) -> Iterator[tuple[bytes | None, Path | None]]:
+    """What an engine reads ``model`` from, as ``(bytes, None)`` or ``(None, file)``.
+
+    The file itself when ``path`` holds exactly ``model``; else the serialized model, with
+    weights kept in external data files read in (they are relative to a folder the engine does
+    not know); a model whose weights pass 1 GiB is written with external data to a temporary
+    folder instead, removed when the block ends (so engines must have read it by then).
+    """
+    if path is not None:
+        yield None, Path(path)
+        return
+    size = sum(
+        v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None
+    )
+    if size <= INLINE_LIMIT:
+        if any(
+            isinstance(v.const_value, ir.ExternalTensor) for v in model.graph.initializers.values()
+        ):
+            model = ir.external_data.load_to_model(model.clone())
+        yield ir.to_proto(model).SerializeToString(), None
+        return
+    with tempfile.TemporaryDirectory(prefix="ferry-model-") as tmp:
+        file = Path(tmp) / "model.onnx"
+        ir.save(model, file, external_data="model.onnx.data")
+        yield None, file
 
 
 class BackendBase:

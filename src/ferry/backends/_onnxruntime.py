@@ -15,9 +15,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,7 +24,7 @@ import onnx_ir as ir
 
 from ferry.backends import _onnxruntime_ops
 from ferry.backends._api import CompileSpec
-from ferry.backends._base import BackendBase
+from ferry.backends._base import BackendBase, model_source
 from ferry.backends._rules import OpRule, RuleTable, all_checks, subgraphs_supported
 from ferry.errors import (
     BackendUnavailableError,
@@ -48,8 +46,6 @@ _ORT_DOMAINS = {
     "com.ms.internal.nhwc",
     "ai.onnx.preview.training",
 }
-# In-memory models above this size go to ONNX Runtime through a temporary file: protobuf's 2 GiB cap.
-_INLINE_LIMIT = 1 << 30
 
 _CPU = "CPUExecutionProvider"
 
@@ -299,10 +295,9 @@ class OnnxRuntimePartition:
         so = session_options(spec.options)
         providers = select_providers(spec.options, ort.get_available_providers())
         try:
-            if spec.source_path is not None:
-                self.session = ort.InferenceSession(str(spec.source_path), so, providers=providers)
-            else:
-                self.session = _session_from_model(spec.model, so, providers)
+            with model_source(spec.model, spec.source_path) as (data, file):
+                source = data if data is not None else str(file)
+                self.session = ort.InferenceSession(source, so, providers=providers)
         except Exception as e:  # ORT raises its own exception types from C++; translate them all
             raise _load_error(spec.model, e) from e
         self.output_names = [o.name for o in self.session.get_outputs()]
@@ -391,28 +386,6 @@ def _unpack(data: np.ndarray, bits: int) -> np.ndarray:
     mask = (1 << bits) - 1
     lanes = [(data >> (lane * bits)) & mask for lane in range(per)]
     return np.stack(lanes, axis=1).reshape(-1).astype(np.uint8)
-
-
-def _session_from_model(model: ir.Model, so: Any, providers: Sequence[Any]) -> Any:
-    import onnxruntime as ort
-
-    size = sum(
-        v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None
-    )
-    if size <= _INLINE_LIMIT:
-        proto = ir.to_proto(model)
-        if _has_external(proto):
-            # References to files relative to an unknown folder: read the bytes in.
-            proto = ir.to_proto(ir.external_data.load_to_model(model.clone()))
-        return ort.InferenceSession(proto.SerializeToString(), so, providers=providers)
-    with tempfile.TemporaryDirectory(prefix="ferry-ort-") as tmp:
-        path = Path(tmp) / "model.onnx"
-        ir.save(model, path, external_data="model.onnx.data")
-        return ort.InferenceSession(str(path), so, providers=providers)
-
-
-def _has_external(proto: onnx.ModelProto) -> bool:
-    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
 
 
 def _first_line(e: BaseException) -> str:

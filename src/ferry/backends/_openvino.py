@@ -19,18 +19,15 @@ import functools
 import io
 import logging
 import re
-import tempfile
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
 from ferry.backends._api import CompileSpec
-from ferry.backends._base import BackendBase
+from ferry.backends._base import BackendBase, model_source
 from ferry.backends._rules import OpRule
 from ferry.errors import ExecutionError, InvalidInputError, ModelLoadError, PlanError
 from ferry.graph import dtype_name
@@ -43,8 +40,6 @@ logger = logging.getLogger(__name__)
 DEVICE = "CPU"
 #: ferry's precision names -> OpenVINO's ``INFERENCE_PRECISION_HINT`` values.
 PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
-# In-memory models above this size go to OpenVINO through a temporary file: protobuf's 2 GiB cap.
-_INLINE_LIMIT = 1 << 30
 # OpenVINO ops that hold no computation of their own; they never decide whether a node runs.
 _STRUCTURAL = frozenset({"Parameter", "Result", "Constant"})
 # How many times validate() cuts out what the CPU plugin choked on and asks again.
@@ -151,9 +146,9 @@ class OpenVINOBackend(BackendBase):
     def compile(self, spec: CompileSpec) -> OpenVINOPartition:
         config = compile_config(spec.options)
         core = _ov_core()
-        with _ModelSource(spec) as source:
+        with model_source(spec.model, spec.source_path) as (data, file):
             try:
-                ov_model = core.read_model(source)
+                ov_model = core.read_model(data if data is not None else str(file))
             except Exception as e:
                 raise ModelLoadError(
                     f"OpenVINO could not read the model: {_first_line(e)}; run the unsupported "
@@ -386,44 +381,6 @@ class _NodeCheck:
 # Reading models
 
 
-class _ModelSource:
-    """What ``Core.read_model`` reads for a spec: its file, the model's bytes, or a temporary file
-    for models beyond protobuf's 2 GiB (kept until the model is compiled)."""
-
-    def __init__(self, spec: CompileSpec) -> None:
-        self.spec = spec
-        self._tmp: tempfile.TemporaryDirectory[str] | None = None
-
-    def __enter__(self) -> str | bytes:
-        if self.spec.source_path is not None:
-            return str(self.spec.source_path)
-        model = self.spec.model
-        if _weight_bytes(model) <= _INLINE_LIMIT:
-            return _model_bytes(model)
-        self._tmp = tempfile.TemporaryDirectory(prefix="ferry-openvino-")
-        path = Path(self._tmp.name) / "model.onnx"
-        ir.save(model, path, external_data="model.onnx.data")
-        return str(path)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._tmp is not None:
-            self._tmp.cleanup()
-
-
-def _weight_bytes(model: ir.Model) -> int:
-    return sum(
-        v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None
-    )
-
-
-def _model_bytes(model: ir.Model) -> bytes:
-    proto = ir.to_proto(model)
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer):
-        # References to files relative to an unknown folder: read the bytes in.
-        proto = ir.to_proto(ir.external_data.load_to_model(model.clone()))
-    return bytes(proto.SerializeToString())
-
-
 def _candidate_model(model: ir.Model, nodes: Sequence[str]) -> ir.Model | None:
     """``nodes`` of ``model`` as a model of their own, as a partition of them would be lowered;
     None when they cannot be cut out: then the whole model is asked."""
@@ -437,24 +394,20 @@ def _candidate_model(model: ir.Model, nodes: Sequence[str]) -> ir.Model | None:
 def _convert_partially(model: ir.Model) -> tuple[Any, list[tuple[Any, str]]]:
     """The model as OpenVINO sees it, with a reason for each op its frontend could not convert."""
     frontend = _onnx_frontend()
-    data = _model_bytes(model) if _weight_bytes(model) <= _INLINE_LIMIT else None
-    if data is None:
-        with tempfile.TemporaryDirectory(prefix="ferry-openvino-") as tmp:
-            path = Path(tmp) / "model.onnx"
-            ir.save(model, path, external_data="model.onnx.data")
-            input_model = frontend.load(str(path))
-            ov_model = frontend.convert_partially(input_model)
-    else:
-        input_model = frontend.load(io.BytesIO(data))
-        ov_model = frontend.convert_partially(input_model)
-    placeholders = [op for op in ov_model.get_ordered_ops() if _is_placeholder(op)]
-    if not placeholders:
-        return ov_model, []
-    why = ""
-    try:  # a full conversion raises with the frontend's explanation of every failure
-        frontend.convert(input_model if data is None else frontend.load(io.BytesIO(data)))
-    except Exception as e:
-        why = str(e)
+    with model_source(model) as (data, file):
+
+        def read() -> Any:
+            return frontend.load(io.BytesIO(data) if data is not None else str(file))
+
+        ov_model = frontend.convert_partially(read())
+        placeholders = [op for op in ov_model.get_ordered_ops() if _is_placeholder(op)]
+        if not placeholders:
+            return ov_model, []
+        why = ""
+        try:  # a full conversion raises with the frontend's explanation of every failure
+            frontend.convert(read())
+        except Exception as e:
+            why = str(e)
     found = []
     for op in placeholders:
         attrs = op.get_attributes()

@@ -42,7 +42,6 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import tempfile
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -53,7 +52,7 @@ import onnx_ir as ir
 
 from ferry.backends import _tensorrt_rules
 from ferry.backends._api import CompileSpec
-from ferry.backends._base import BackendBase
+from ferry.backends._base import BackendBase, model_source
 from ferry.backends._cuda import (
     DeviceBuffer,
     compute_capability,
@@ -84,8 +83,6 @@ logger = logging.getLogger(__name__)
 
 #: Largest batch the default optimization profile allows for an input with a dynamic first dim.
 DEFAULT_MAX_BATCH = 32
-# In-memory models above this size go to TensorRT through a temporary file: protobuf's 2 GiB cap.
-_INLINE_LIMIT = 1 << 30
 # validate() asks the parser again after each node it names, this many times at most.
 _VALIDATE_ROUNDS = 32
 _QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
@@ -381,31 +378,14 @@ def _check_qdq(model: ir.Model) -> None:
 
 
 @contextlib.contextmanager
-def _onnx_bytes(
-    spec_model: ir.Model, source_path: Path | None
-) -> Iterator[tuple[bytes, str | None]]:
+def _onnx_bytes(model: ir.Model, source_path: Path | None) -> Iterator[tuple[bytes, str | None]]:
     """The model as bytes, with the path the parser resolves external data against."""
-    if source_path is not None:
-        yield Path(source_path).read_bytes(), str(source_path)
-        return
-    size = sum(
-        v.const_value.nbytes
-        for v in spec_model.graph.initializers.values()
-        if v.const_value is not None
-    )
-    if size <= _INLINE_LIMIT:
-        model = spec_model
-        if any(
-            isinstance(v.const_value, ir.ExternalTensor) for v in model.graph.initializers.values()
-        ):
-            # References to files relative to an unknown folder: read the bytes in.
-            model = ir.external_data.load_to_model(model.clone())
-        yield ir.to_proto(model).SerializeToString(), None
-        return
-    with tempfile.TemporaryDirectory(prefix="ferry-trt-") as tmp:
-        path = Path(tmp) / "model.onnx"
-        ir.save(spec_model, path, external_data="model.onnx.data")
-        yield path.read_bytes(), str(path)
+    with model_source(model, source_path) as (data, file):
+        if data is not None:
+            yield data, None
+        else:
+            assert file is not None  # model_source gives one or the other
+            yield file.read_bytes(), str(file)
 
 
 def _parser_errors(parser: Any) -> list[Any]:

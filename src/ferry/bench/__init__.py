@@ -1,14 +1,124 @@
 """Benchmarking: latency, throughput, start-up time and memory of models run through ferry.
 
-``run_bench(model, BenchSpec(...))`` measures locally and returns the results document
-(``ferry.bench.runner``); ``ferry.bench.remote.run_remote`` runs the same on a device where
-``ferry agent`` (``ferry.bench.agent``) listens; ``ferry.bench.report`` and ``ferry.bench.plot``
-turn results into tables, CSV, an artifact's report and a PNG.
+``run_bench(model, BenchSpec(...))`` measures locally and returns the results document (its
+schema is in ``_runner.py``); :func:`run_remote` runs the same on a device where ``ferry agent``
+(:func:`create_agent_app`, served by :class:`ferry.serving.ServerThread`) listens;
+:func:`table`, :func:`to_csv`, :func:`write_json`, :func:`save_to_artifact` and
+:func:`plot_latency` turn results into tables, CSV, an artifact's report and a PNG;
+:func:`interleave` and :func:`measure` time calls; :func:`device_info` says where.
+
+Names are imported on first use, so ``python -m ferry.bench._worker`` (the child processes that
+measure cold starts) loads only what it runs.
 """
 
 from __future__ import annotations
 
-from ferry.bench.latency import LatencyStats, measure
-from ferry.bench.runner import SCHEMA, BenchSpec, run_bench
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["SCHEMA", "BenchSpec", "LatencyStats", "measure", "run_bench"]
+if TYPE_CHECKING:
+    from ferry.bench._agent import (
+        DEFAULT_MAX_UPLOAD_BYTES,
+        DEFAULT_PORT,
+        INPUTS_FOLDER,
+        create_agent_app,
+    )
+    from ferry.bench._device import (
+        cpu_model,
+        device_info,
+        memory_mb,
+    )
+    from ferry.bench._latency import (
+        DEFAULT_BLOCK,
+        Contender,
+        LatencyStats,
+        interleave,
+        measure,
+        summarize_ms,
+    )
+    from ferry.bench._plot import (
+        plot_latency,
+    )
+    from ferry.bench._remote import (
+        AgentClient,
+        run_remote,
+    )
+    from ferry.bench._report import (
+        REPORT_FILE,
+        check_results,
+        device_summary,
+        errors,
+        notes,
+        partition_lines,
+        save_to_artifact,
+        table,
+        to_csv,
+        write_csv,
+        write_json,
+    )
+    from ferry.bench._runner import (
+        BASELINE,
+        SCHEMA,
+        BenchSpec,
+        Progress,
+        Target,
+        batch_feeds,
+        file_sha256,
+        resolve_targets,
+        run_bench,
+    )
+
+__all__ = [
+    "BASELINE",
+    "DEFAULT_BLOCK",
+    "DEFAULT_MAX_UPLOAD_BYTES",
+    "DEFAULT_PORT",
+    "INPUTS_FOLDER",
+    "REPORT_FILE",
+    "SCHEMA",
+    "AgentClient",
+    "BenchSpec",
+    "Contender",
+    "LatencyStats",
+    "Progress",
+    "Target",
+    "batch_feeds",
+    "check_results",
+    "cpu_model",
+    "create_agent_app",
+    "device_info",
+    "device_summary",
+    "errors",
+    "file_sha256",
+    "interleave",
+    "measure",
+    "memory_mb",
+    "notes",
+    "partition_lines",
+    "plot_latency",
+    "resolve_targets",
+    "run_bench",
+    "run_remote",
+    "save_to_artifact",
+    "summarize_ms",
+    "table",
+    "to_csv",
+    "write_csv",
+    "write_json",
+]
+
+#: The modules behind the names, each after those it imports: a name is looked up in them in
+#: this order, and only the modules up to the one holding it are imported.
+_MODULES = ("_device", "_latency", "_runner", "_report", "_plot", "_agent", "_remote")
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        import importlib
+
+        for module in _MODULES:
+            found = importlib.import_module(f"ferry.bench.{module}")
+            if name in found.__all__:
+                value = getattr(found, name)
+                globals()[name] = value  # later look-ups skip this function
+                return value
+    raise AttributeError(f"module 'ferry.bench' has no attribute {name!r}")

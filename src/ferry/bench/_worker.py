@@ -24,6 +24,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from ferry.bench._device import proc_mb
+
 __all__ = ["main", "peak_rss_mb"]
 
 
@@ -35,19 +37,16 @@ def peak_rss_mb() -> float | None:
     child started by a big parent reports the parent's peak (measured here: a child of a 400 MiB
     process said 407 MiB by ``ru_maxrss``, 10 MiB by ``VmHWM``). Elsewhere ``ru_maxrss``.
     """
-    try:
-        for line in Path("/proc/self/status").read_text(encoding="utf-8").splitlines():
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except (OSError, ValueError, IndexError):
-        pass
+    peak = proc_mb("/proc/self/status", "VmHWM")
+    if peak is not None:
+        return peak
     try:
         import resource
     except ImportError:  # Windows
         return None
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # macOS counts bytes, the BSDs KiB.
-    return round(peak / (1 << 20 if sys.platform == "darwin" else 1 << 10), 1)
+    return round(maxrss / (1 << 20 if sys.platform == "darwin" else 1 << 10), 1)
 
 
 def _measure(job: dict[str, Any]) -> dict[str, Any]:
@@ -106,7 +105,7 @@ def _measure(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_job(folder: Path) -> None:
-    from ferry.bench.runner import BenchSpec, run_bench
+    from ferry.bench._runner import BenchSpec, run_bench
     from ferry.errors import FerryError
     from ferry.runtime import load_npy
 

@@ -64,33 +64,30 @@ def command(
       ferry agent --token "$(openssl rand -hex 16)"
       FERRY_AGENT_TOKEN=s3cret ferry agent --host 0.0.0.0 --port 8765
     """
-    from ferry.bench.agent import bind, create_app
-    from ferry.bench.device import device_info
-    from ferry.bench.report import device_summary
-    from ferry.errors import BackendUnavailableError
+    from ferry.bench import create_agent_app, device_info, device_summary
+    from ferry.serving import ServerThread, sigterm_interrupts
 
-    try:
-        import uvicorn
-    except ImportError as e:
-        raise BackendUnavailableError(
-            "ferry agent needs Starlette and uvicorn; pip install 'ferry[serve]'"
-        ) from e
-    app = create_app(
+    app = create_agent_app(
         token,
         max_upload_bytes=int(max_upload_mb * (1 << 20)),
         max_queue=max_queue,
         job_timeout_s=job_timeout,
     )
-    sock = bind(host, port)
-    shown = f"[{host}]" if ":" in host else host
-    console.print(f"device: {escape(device_summary(device_info()))}")
-    console.print(
-        f"ferry agent listening on http://{shown}:{sock.getsockname()[1]} "
-        f"(uploads up to {max_upload_mb:g} MiB, {max_queue} queued jobs at most); Ctrl-C stops it"
-    )
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        console.print(
-            "[yellow]note:[/yellow] plain HTTP: the token and the models travel unencrypted; "
-            "use a trusted network or an SSH tunnel"
-        )
-    uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).run(sockets=[sock])
+    server = ServerThread(app, host=host, port=port)
+    with sigterm_interrupts():
+        try:
+            server.start()
+            shown = f"[{host}]" if ":" in host else host
+            console.print(f"device: {escape(device_summary(device_info()))}")
+            console.print(
+                f"ferry agent listening on http://{shown}:{server.port} (uploads up to "
+                f"{max_upload_mb:g} MiB, {max_queue} queued jobs at most); Ctrl-C stops it"
+            )
+            if host not in ("127.0.0.1", "localhost", "::1"):
+                console.print(
+                    "[yellow]note:[/yellow] plain HTTP: the token and the models travel "
+                    "unencrypted; use a trusted network or an SSH tunnel"
+                )
+            server.wait()
+        finally:
+            server.stop()

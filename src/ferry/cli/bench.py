@@ -152,7 +152,7 @@ def command(
       ferry bench artifact/ --backends openvino --precision bf16 --save-report
       ferry bench model.onnx --device http://192.168.1.20:8765 --token "$TOKEN"
     """
-    from ferry.bench.runner import BenchSpec
+    from ferry.bench import BenchSpec
 
     if iterations is None and duration is None:
         iterations = 100
@@ -191,7 +191,7 @@ def command(
             bar.update(task, description=escape(stage), completed=done, total=max(total, 1e-9))
 
         if device_url:
-            from ferry.bench.remote import run_remote
+            from ferry.bench import run_remote
 
             if not token:
                 raise InvalidInputError(
@@ -199,13 +199,13 @@ def command(
                 )
             results = run_remote(device_url, token, model, spec, inputs=inputs, progress=progress)
         else:
-            from ferry.bench.runner import run_bench
+            from ferry.bench import run_bench
 
             results = run_bench(model, spec, inputs=inputs, progress=progress)
     _write_outputs(results, json_out, csv_out, plot_out)
     saved = None
     if save_report:
-        from ferry.bench.report import save_to_artifact
+        from ferry.bench import save_to_artifact
 
         saved = save_to_artifact(results, model)
     if not quiet:
@@ -250,7 +250,7 @@ def _write_outputs(
 ) -> None:
     import json
 
-    from ferry.bench import report
+    from ferry import bench as report  # the results-document helpers
 
     if json_out == "-":
         click.echo(json.dumps(results, indent=2))
@@ -261,7 +261,7 @@ def _write_outputs(
     elif csv_out is not None:
         report.write_csv(results, csv_out)
     if plot_out is not None:
-        from ferry.bench.plot import plot_latency
+        from ferry.bench import plot_latency
 
         plot_latency(results, plot_out)
 
@@ -269,7 +269,7 @@ def _write_outputs(
 def _print(results: dict[str, Any]) -> None:
     from rich.measure import Measurement
 
-    from ferry.bench import report
+    from ferry import bench as report  # the results-document helpers
 
     # A terminal gets the table that fits it; a pipe or a log gets the full one.
     full = report.table(results)

@@ -109,6 +109,7 @@ def command(
         feeds=feeds,
         tolerance=tol,
         budget_s=budget,
+        explain_placement=True,
     )
     plan, report = made.plan, made.report
     if made.auto is not None:

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
-from types import FrameType
-from typing import Any
 
 import click
 from rich.markup import escape
 from rich.table import Table
 
 from ferry.cli._common import console
-
-_DEFAULT_MAX_REQUEST_BYTES = 64 * 2**20
+from ferry.serving import DEFAULT_MAX_REQUEST_BYTES
 
 
 @click.command("serve")
@@ -43,7 +39,7 @@ _DEFAULT_MAX_REQUEST_BYTES = 64 * 2**20
 @click.option(
     "--max-request-bytes",
     type=click.IntRange(min=1),
-    default=_DEFAULT_MAX_REQUEST_BYTES,
+    default=DEFAULT_MAX_REQUEST_BYTES,
     show_default=True,
     help="Largest request body accepted (413 above it).",
 )
@@ -90,7 +86,7 @@ def command(
       ferry serve models/ --explicit --load mlp --api-key "$KEY"
     """
     from ferry.errors import FerryError
-    from ferry.serving import ServerThread, create_app
+    from ferry.serving import ServerThread, create_app, sigterm_interrupts
 
     app = create_app(
         source,
@@ -108,42 +104,24 @@ def command(
             "reach this address can run and load models"
         )
     server = ServerThread(app, host=host, port=port, log_level="warning")
-    previous = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        server.start()
-        if state.startup_error is not None:
-            raise FerryError(f"the server failed to start: {state.startup_error}")
-        rows = state.index()
-        ready = [r for r in rows if r["state"] == "READY"]
-        if not ready and not explicit and poll is None:
-            reasons = "; ".join(f"{r['name']}: {r['reason']}" for r in rows if r["reason"])
-            raise FerryError(f"no model could be loaded ({reasons or 'nothing to serve'})")
-        console.print(f"serving on [bold]{escape(server.url)}[/] (KServe v2; Ctrl-C to stop)")
-        _print_models(rows)
-        _wait(server)
-    finally:
-        server.stop()
-        signal.signal(signal.SIGTERM, previous)
-    console.print("stopped")
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
-def _wait(server: Any) -> None:
-    """Block until Ctrl-C (or SIGTERM): then drain; a second Ctrl-C stops at once."""
-    try:
-        while server.is_alive():
-            server.join(0.5)
-    except KeyboardInterrupt:
-        console.print("draining in-flight requests (Ctrl-C again to stop at once)")
+    with sigterm_interrupts():
         try:
+            server.start()
+            if state.startup_error is not None:
+                raise FerryError(f"the server failed to start: {state.startup_error}")
+            rows = state.index()
+            ready = [r for r in rows if r["state"] == "READY"]
+            if not ready and not explicit and poll is None:
+                reasons = "; ".join(f"{r['name']}: {r['reason']}" for r in rows if r["reason"])
+                raise FerryError(f"no model could be loaded ({reasons or 'nothing to serve'})")
+            console.print(f"serving on [bold]{escape(server.url)}[/] (KServe v2; Ctrl-C to stop)")
+            _print_models(rows)
+            server.wait(
+                lambda: console.print("draining in-flight requests (Ctrl-C again to stop at once)")
+            )
+        finally:
             server.stop()
-        except KeyboardInterrupt:
-            server.force_stop()
-            server.join(5)
+    console.print("stopped")
 
 
 def _print_models(rows: list[dict[str, str]]) -> None:

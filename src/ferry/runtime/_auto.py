@@ -169,10 +169,9 @@ def _candidates(model: ir.Model, names: list[str]) -> list[Candidate]:
     engines = [n for n in names if n != FALLBACK]
     for name in engines:
         backend = get_backend(name)
+        placed = place(model, [backend, get_backend(FALLBACK)])  # once: precision is an option
         for precision in backend.precisions:
-            plan = _with_options(
-                place(model, [backend, get_backend(FALLBACK)]), name, {"precision": precision}
-            )
+            plan = placed.with_options({name: {"precision": precision}})
             _add(out, seen, Candidate(f"{name} {precision}", plan))
     if len(engines) > 1:
         plan = place(model, [get_backend(n) for n in names])
@@ -185,10 +184,6 @@ def _add(out: list[Candidate], seen: set[str], candidate: Candidate) -> None:
     if signature not in seen:
         seen.add(signature)
         out.append(candidate)
-
-
-def _with_options(plan: Plan, backend: str, options: dict[str, Any]) -> Plan:
-    return plan.with_options({backend: options})
 
 
 def _plan_signature(plan: Plan) -> str:

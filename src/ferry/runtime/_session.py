@@ -128,6 +128,7 @@ def make_plan(
     feeds: Mapping[str, np.ndarray] | None = None,
     tolerance: tuple[float, float] | None = None,
     budget_s: float | None = None,
+    explain_placement: bool = False,
 ) -> PlanChoice:
     """The plan for running ``model`` (prepared: ``ferry.graph.prepare``) on ``backends``.
 
@@ -135,7 +136,8 @@ def make_plan(
     ``tolerance`` and ``budget_s`` are auto's; the budget defaults to :data:`AUTO_BUDGET_S`);
     any other list is placed in priority order with
     ONNX Runtime taking what no engine supports (``force_cpu`` and ``min_partition_size`` are
-    placement's). ``options`` (per backend) are merged over the plan's own.
+    placement's; ``explain_placement`` asks for placement's report even for ONNX Runtime alone).
+    ``options`` (per backend) are merged over the plan's own.
     """
     names = parse_backends(backends)
     if names == [AUTO]:
@@ -146,7 +148,7 @@ def make_plan(
             model, threads=threads, budget_s=budget, feeds=feeds, tolerance=tolerance
         )
         made = PlanChoice(choice.plan, auto=choice)
-    elif names == [FALLBACK] and not force_cpu:
+    elif names == [FALLBACK] and not force_cpu and not explain_placement:
         made = PlanChoice(Plan.whole_graph(model, FALLBACK))
     else:
         report = explain(model, names, force_cpu=force_cpu, min_partition_size=min_partition_size)
@@ -170,7 +172,10 @@ def lower_plan(model: ir.Model, plan: Plan) -> list[ir.Model]:
 
 
 class Session:
-    """A model ready to run. Thread-safe: ``run`` may be called from several threads at once."""
+    """A model ready to run. Thread-safe: ``run`` may be called from several threads at once.
+
+    Made by :func:`load`, which hands it the prepared model (``ferry.graph.prepare``) and its plan.
+    """
 
     def __init__(
         self,

@@ -8,11 +8,14 @@
     with ServerThread(app, host="127.0.0.1", port=0) as server:
         print(server.url)                            # Triton's own client works against it
 
-Modules: ``codec`` (tensors on the wire), ``config`` (config.json and defaults), ``repository``
-(layout, versions, load/unload/hot reload), ``batcher`` (dynamic batching), ``scheduler``
-(instances, threads, warm-up), ``metrics`` (Prometheus and Triton statistics), ``app`` (routes),
-``server`` (uvicorn in a thread). Starlette, uvicorn and prometheus-client are imported only when
-an app is made (``pip install 'ferry[serve]'``).
+The pieces: the app and its routes (:func:`create_app`), uvicorn in a thread (:class:`ServerThread`,
+:func:`bind`), HTTP plumbing any ferry server uses (:class:`HTTPError`, :func:`read_body` under a
+size cap, :func:`check_bearer`; the bench agent is served with them too), the repository (layout,
+versions, load/unload/hot reload), ``config.json`` and its defaults, the codec (tensors on the
+wire), instances and the dynamic batcher, and metrics (Prometheus and Triton statistics).
+
+Names are imported on first use: Starlette, uvicorn and prometheus-client (``pip install
+'ferry[serve]'``) only when an app is made or served.
 """
 
 from __future__ import annotations
@@ -20,17 +23,163 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ferry.serving.app import create_app
-    from ferry.serving.server import ServerThread
+    from ferry.serving._app import (
+        EXTENSIONS,
+        ServingState,
+        create_app,
+        status_of,
+    )
+    from ferry.serving._batcher import (
+        BatchOutcome,
+        DynamicBatcher,
+        Execution,
+        ExecutionRecord,
+        run_items,
+    )
+    from ferry.serving._codec import (
+        DATATYPES,
+        InferRequest,
+        RequestedOutput,
+        datatype_of,
+        decode_request,
+        encode_response,
+    )
+    from ferry.serving._config import (
+        DEFAULT_MAX_BATCH_SIZE,
+        DEFAULT_QUEUE_DELAY_US,
+        ConfigError,
+        ModelConfig,
+        ResolvedConfig,
+        VersionPolicy,
+        batch_dim_problem,
+        parse_config,
+        read_config,
+        resolve_config,
+        triton_config,
+    )
+    from ferry.serving._http import (
+        DEFAULT_MAX_REQUEST_BYTES,
+        HTTPError,
+        TooLarge,
+        check_bearer,
+        error_response,
+        read_body,
+        save_body,
+    )
+    from ferry.serving._metrics import (
+        FLUSH_EVERY,
+        LATENCY_BUCKETS,
+        Metrics,
+        VersionRecorder,
+        VersionStats,
+    )
+    from ferry.serving._repository import (
+        ModelNotFoundError,
+        ModelNotReadyError,
+        ModelRepository,
+        VersionFiles,
+        check_model_name,
+        find_model_file,
+        list_models,
+        model_name_for,
+    )
+    from ferry.serving._scheduler import (
+        Instance,
+        InstancePool,
+        LoadedModel,
+        ModelVersion,
+        available_cores,
+        engine_threads,
+        load_version,
+    )
+    from ferry.serving._server import (
+        ServerThread,
+        bind,
+        sigterm_interrupts,
+    )
 
-__all__ = ["ServerThread", "create_app"]
+__all__ = [
+    "DATATYPES",
+    "DEFAULT_MAX_BATCH_SIZE",
+    "DEFAULT_MAX_REQUEST_BYTES",
+    "DEFAULT_QUEUE_DELAY_US",
+    "EXTENSIONS",
+    "FLUSH_EVERY",
+    "LATENCY_BUCKETS",
+    "BatchOutcome",
+    "ConfigError",
+    "DynamicBatcher",
+    "Execution",
+    "ExecutionRecord",
+    "HTTPError",
+    "InferRequest",
+    "Instance",
+    "InstancePool",
+    "LoadedModel",
+    "Metrics",
+    "ModelConfig",
+    "ModelNotFoundError",
+    "ModelNotReadyError",
+    "ModelRepository",
+    "ModelVersion",
+    "RequestedOutput",
+    "ResolvedConfig",
+    "ServerThread",
+    "ServingState",
+    "TooLarge",
+    "VersionFiles",
+    "VersionPolicy",
+    "VersionRecorder",
+    "VersionStats",
+    "available_cores",
+    "batch_dim_problem",
+    "bind",
+    "check_bearer",
+    "check_model_name",
+    "create_app",
+    "datatype_of",
+    "decode_request",
+    "encode_response",
+    "engine_threads",
+    "error_response",
+    "find_model_file",
+    "list_models",
+    "load_version",
+    "model_name_for",
+    "parse_config",
+    "read_body",
+    "read_config",
+    "resolve_config",
+    "run_items",
+    "save_body",
+    "sigterm_interrupts",
+    "status_of",
+    "triton_config",
+]
 
-_LAZY = {"create_app": "ferry.serving.app", "ServerThread": "ferry.serving.server"}
+#: The modules behind the names, each after those it imports: a name is looked up in them in
+#: this order, and only the modules up to the one holding it are imported.
+_MODULES = (
+    "_http",
+    "_server",
+    "_config",
+    "_metrics",
+    "_codec",
+    "_batcher",
+    "_scheduler",
+    "_repository",
+    "_app",
+)
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
+    if name in __all__:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        for module in _MODULES:
+            found = importlib.import_module(f"ferry.serving.{module}")
+            if name in found.__all__:
+                value = getattr(found, name)
+                globals()[name] = value  # later look-ups skip this function
+                return value
     raise AttributeError(f"module 'ferry.serving' has no attribute {name!r}")

@@ -10,7 +10,7 @@ server) and speaks plain HTTP; every request carries ``Authorization: Bearer TOK
 * ``POST /jobs``: the body is the model (an ``.onnx`` file), or a tar (optionally gzipped) or zip
   of an artifact folder: ``model.onnx`` (or one ``.onnx`` file) with its external data, at the
   top or in one top-level folder, and optionally ``bench-inputs/names.json`` mapping ``.npy``
-  files there to input names. The bench spec (:class:`ferry.bench.runner.BenchSpec` as JSON) is
+  files there to input names. The bench spec (:class:`ferry.bench.BenchSpec` as JSON) is
   the ``X-Ferry-Spec`` header or the ``spec`` query parameter. Answers 202 with
   ``{"id", "status": "queued", "position"}``; 413 when the body (or what an archive unpacks to)
   is over the size limit, 400 for a bad spec or archive, 422 when the model cannot be read, 503
@@ -25,6 +25,10 @@ Jobs run one at a time, in the order they came (a benchmark sharing the device w
 measures neither). Each runs in its own process (``python -m ferry.bench._worker job``), so an
 engine crashing on a broken model fails that job, not the agent. Uploaded files live in a
 temporary folder that is removed when the job ends, or at once when the upload is refused.
+
+The HTTP plumbing is serving's: the upload is read under its size cap by
+:func:`ferry.serving.save_body`, refusals are :class:`ferry.serving.HTTPError`, and
+:class:`ferry.serving.ServerThread` runs the app (``ferry agent`` in the foreground).
 """
 
 from __future__ import annotations
@@ -33,11 +37,9 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-import hmac
 import json
 import logging
 import secrets
-import socket
 import subprocess
 import sys
 import tarfile
@@ -51,21 +53,14 @@ from typing import IO, TYPE_CHECKING, Any
 
 from ferry._version import __version__
 from ferry.errors import FerryError
+from ferry.serving import HTTPError, check_bearer, error_response, save_body
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import JSONResponse
+    from starlette.responses import JSONResponse, Response
 
-__all__ = [
-    "DEFAULT_MAX_UPLOAD_BYTES",
-    "DEFAULT_PORT",
-    "INPUTS_FOLDER",
-    "RunningAgent",
-    "bind",
-    "create_app",
-    "serve_in_thread",
-]
+__all__ = ["DEFAULT_MAX_UPLOAD_BYTES", "DEFAULT_PORT", "INPUTS_FOLDER", "create_agent_app"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,14 +72,6 @@ _MAX_MEMBERS = 10_000
 _MAX_WAIT_S = 60.0
 _KEEP_FINISHED = 32
 _CHUNK = 1 << 20
-
-
-class _Refused(Exception):
-    """An upload refused with an HTTP status and a message."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclasses.dataclass(eq=False)
@@ -133,12 +120,12 @@ class _Agent:
             self.thread.join(timeout=10)
 
     def submit(self, job: _Job) -> int:
-        """Queue ``job``; return its position (1: next). Raises _Refused when the queue is full."""
+        """Queue ``job``; return its position (1: next). Raises HTTPError when the queue is full."""
         with self.cond:
             if self.stopping:
-                raise _Refused(503, "the agent is shutting down")
+                raise HTTPError(503, "the agent is shutting down")
             if len(self.pending) >= self.max_queue:
-                raise _Refused(
+                raise HTTPError(
                     503, f"the agent's queue is full ({self.max_queue} jobs); try again later"
                 )
             self.jobs[job.id] = job
@@ -216,7 +203,7 @@ class _Agent:
             del self.jobs[job.id]
 
 
-def create_app(
+def create_agent_app(
     token: str,
     *,
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
@@ -242,36 +229,30 @@ def create_app(
         ) from e
     if not token:
         raise FerryError("the agent needs a token: --token TOKEN or $FERRY_AGENT_TOKEN")
-    expected = token.encode()
     agent = _Agent(max_queue, job_timeout_s)
     device_cache: list[dict[str, Any]] = []
 
-    def refuse(status: int, message: str, **headers: str) -> JSONResponse:
-        return JSONResponse({"error": message}, status_code=status, headers=headers or None)
-
-    def authorized(request: Request) -> bool:
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected)
-
-    def unauthorized() -> JSONResponse:
-        return refuse(
-            401,
+    def authorize(request: Request) -> None:
+        check_bearer(
+            request.headers.get("authorization"),
+            token,
             "missing or wrong token; send Authorization: Bearer TOKEN (the agent's --token)",
-            **{"WWW-Authenticate": "Bearer"},
         )
 
+    async def refused(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPError)
+        return error_response(exc.status, str(exc), exc.headers)
+
     async def device(request: Request) -> JSONResponse:
-        if not authorized(request):
-            return unauthorized()
+        authorize(request)
         if not device_cache:
-            from ferry.bench.device import device_info
+            from ferry.bench._device import device_info
 
             device_cache.append(await run_in_threadpool(device_info))
         return JSONResponse(device_cache[0])
 
     async def info(request: Request) -> JSONResponse:
-        if not authorized(request):
-            return unauthorized()
+        authorize(request)
         return JSONResponse(
             {
                 "ferry": __version__,
@@ -284,8 +265,7 @@ def create_app(
         )
 
     async def submit(request: Request) -> JSONResponse:
-        if not authorized(request):
-            return unauthorized()
+        authorize(request)
         folder = tempfile.TemporaryDirectory(prefix="ferry-agent-job-")
         try:
             spec = _spec(request)
@@ -295,9 +275,6 @@ def create_app(
             (Path(folder.name) / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
             job = _Job(secrets.token_hex(8), folder)
             position = agent.submit(job)
-        except _Refused as e:
-            folder.cleanup()
-            return refuse(e.status, str(e))
         except BaseException:
             folder.cleanup()
             raise
@@ -307,17 +284,16 @@ def create_app(
         )
 
     async def status(request: Request) -> JSONResponse:
-        if not authorized(request):
-            return unauthorized()
+        authorize(request)
         job = agent.jobs.get(request.path_params["id"])
         if job is None:
-            return refuse(
+            raise HTTPError(
                 404, f"no job {request.path_params['id']!r} (finished jobs are kept a while)"
             )
         try:
             wait = min(float(request.query_params.get("wait", "0")), _MAX_WAIT_S)
         except ValueError:
-            return refuse(400, "wait takes seconds, e.g. wait=20")
+            raise HTTPError(400, "wait takes seconds, e.g. wait=20") from None
         deadline = time.monotonic() + wait
         while not job.done.is_set() and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
@@ -353,36 +329,35 @@ def create_app(
             Route("/jobs/{id}", status, methods=["GET"]),
         ],
         lifespan=lifespan,
+        exception_handlers={HTTPError: refused},
     )
 
 
 def _spec(request: Request) -> dict[str, Any]:
-    from ferry.bench.runner import BenchSpec
+    from ferry.bench._runner import BenchSpec
 
     text = request.headers.get("x-ferry-spec") or request.query_params.get("spec") or "{}"
     try:
         data = json.loads(text)
     except ValueError as e:
-        raise _Refused(400, f"the bench spec is not valid JSON: {e}") from e
+        raise HTTPError(400, f"the bench spec is not valid JSON: {e}") from e
     try:
         return BenchSpec.from_dict(data).to_dict()
     except FerryError as e:
-        raise _Refused(400, str(e)) from e
+        raise HTTPError(400, str(e)) from e
 
 
 async def _receive(request: Request, dest: Path, limit: int) -> None:
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise _Refused(413, _too_large(int(length), limit))
-    total = 0
     with dest.open("wb") as f:
-        async for chunk in request.stream():
-            total += len(chunk)
-            if total > limit:
-                raise _Refused(413, _too_large(total, limit, more=True))
-            f.write(chunk)
-    if total == 0:
-        raise _Refused(400, "the upload is empty; send the model file or an archive as the body")
+        size = await save_body(
+            request.headers,
+            request.receive,
+            f,
+            limit,
+            too_large=lambda size, counted: _too_large(size, limit, more=counted),
+        )
+    if size == 0:
+        raise HTTPError(400, "the upload is empty; send the model file or an archive as the body")
 
 
 def _too_large(size: int, limit: int, more: bool = False) -> str:
@@ -417,7 +392,7 @@ def _unpack(folder: Path, limit: int) -> None:
     if not (root / "model.onnx").is_file():
         found = [p for p in root.iterdir() if p.suffix == ".onnx" and p.is_file()]
         if len(found) != 1:
-            raise _Refused(
+            raise HTTPError(
                 400,
                 "the archive holds no model.onnx"
                 + (f" and {len(found)} other .onnx files" if found else "")
@@ -439,22 +414,22 @@ def _unpack(folder: Path, limit: int) -> None:
 def _check_inputs(inputs: Path) -> None:
     names_file = inputs / "names.json"
     if not names_file.is_file():
-        raise _Refused(400, f"{INPUTS_FOLDER}/ needs names.json mapping its .npy files to inputs")
+        raise HTTPError(400, f"{INPUTS_FOLDER}/ needs names.json mapping its .npy files to inputs")
     try:
         names = json.loads(names_file.read_text(encoding="utf-8"))
     except ValueError as e:
-        raise _Refused(400, f"{INPUTS_FOLDER}/names.json is not valid JSON: {e}") from e
+        raise HTTPError(400, f"{INPUTS_FOLDER}/names.json is not valid JSON: {e}") from e
     if not isinstance(names, dict) or not all(isinstance(v, str) for v in names.values()):
-        raise _Refused(400, f"{INPUTS_FOLDER}/names.json must map file names to input names")
+        raise HTTPError(400, f"{INPUTS_FOLDER}/names.json must map file names to input names")
     for file in names:
         if PurePosixPath(file).name != file or not (inputs / file).is_file():
-            raise _Refused(400, f"{INPUTS_FOLDER}/names.json names {file!r}, which is not there")
+            raise HTTPError(400, f"{INPUTS_FOLDER}/names.json names {file!r}, which is not there")
 
 
 def _member_path(name: str) -> PurePosixPath:
     path = PurePosixPath(name)
     if path.is_absolute() or ".." in path.parts or not path.parts or "\\" in name:
-        raise _Refused(400, f"the archive holds an unsafe path {name!r}")
+        raise HTTPError(400, f"the archive holds an unsafe path {name!r}")
     return path
 
 
@@ -464,7 +439,7 @@ def _copy_capped(src: IO[bytes], dest: Path, budget: list[int], limit: int) -> N
         for chunk in iter(lambda: src.read(_CHUNK), b""):
             budget[0] += len(chunk)
             if budget[0] > limit:
-                raise _Refused(413, _too_large(budget[0], limit, more=True) + " unpacked")
+                raise HTTPError(413, _too_large(budget[0], limit, more=True) + " unpacked")
             out.write(chunk)
 
 
@@ -474,22 +449,22 @@ def _extract_tar(archive: Path, dest: Path, limit: int) -> None:
         with tarfile.open(archive, mode="r:*") as tar:
             for count, member in enumerate(tar):
                 if count >= _MAX_MEMBERS:
-                    raise _Refused(400, f"the archive holds over {_MAX_MEMBERS} entries")
+                    raise HTTPError(400, f"the archive holds over {_MAX_MEMBERS} entries")
                 path = _member_path(member.name)
                 if member.isdir():
                     (dest / path).mkdir(parents=True, exist_ok=True)
                     continue
                 if not member.isfile():
-                    raise _Refused(
+                    raise HTTPError(
                         400, f"the archive holds {member.name!r}, which is not a plain file"
                     )
                 src = tar.extractfile(member)
                 if src is None:
-                    raise _Refused(400, f"cannot read {member.name!r} from the archive")
+                    raise HTTPError(400, f"cannot read {member.name!r} from the archive")
                 with src:
                     _copy_capped(src, dest / path, budget, limit)
     except (tarfile.TarError, EOFError, OSError) as e:
-        raise _Refused(400, f"the upload is not a readable tar archive: {e}") from e
+        raise HTTPError(400, f"the upload is not a readable tar archive: {e}") from e
 
 
 def _extract_zip(archive: Path, dest: Path, limit: int) -> None:
@@ -498,88 +473,33 @@ def _extract_zip(archive: Path, dest: Path, limit: int) -> None:
         with zipfile.ZipFile(archive) as zf:
             infos = zf.infolist()
             if len(infos) > _MAX_MEMBERS:
-                raise _Refused(400, f"the archive holds over {_MAX_MEMBERS} entries")
+                raise HTTPError(400, f"the archive holds over {_MAX_MEMBERS} entries")
             for info in infos:
                 path = _member_path(info.filename.rstrip("/") or info.filename)
                 if info.is_dir():
                     (dest / path).mkdir(parents=True, exist_ok=True)
                     continue
                 if (info.external_attr >> 16) & 0o170000 not in (0, 0o100000):
-                    raise _Refused(
+                    raise HTTPError(
                         400, f"the archive holds {info.filename!r}, which is not a plain file"
                     )
                 with zf.open(info) as src:
                     _copy_capped(src, dest / path, budget, limit)
     except (zipfile.BadZipFile, EOFError, OSError) as e:
-        raise _Refused(400, f"the upload is not a readable zip archive: {e}") from e
+        raise HTTPError(400, f"the upload is not a readable zip archive: {e}") from e
 
 
 def _check_job(folder: Path, spec: dict[str, Any]) -> None:
     """Refuse now what would fail the job at once: a model that cannot be read, engines or
     precisions this device does not have."""
-    from ferry.bench.runner import BenchSpec, resolve_targets
+    from ferry.bench._runner import BenchSpec, resolve_targets
     from ferry.graph import load_model
 
     try:
         resolve_targets(BenchSpec.from_dict(spec))
     except FerryError as e:
-        raise _Refused(400, str(e)) from e
+        raise HTTPError(400, str(e)) from e
     try:
         load_model(folder / "model")
     except FerryError as e:
-        raise _Refused(422, str(e)) from e
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (port 0: a free one; read it from the socket).
-
-    Raises:
-        FerryError: the address is in use or cannot be bound.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise FerryError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
-    sock.listen(128)
-    sock.set_inheritable(True)
-    return sock
-
-
-@dataclasses.dataclass
-class RunningAgent:
-    """An agent serving from a background thread (:func:`serve_in_thread`)."""
-
-    url: str
-    server: Any
-    thread: threading.Thread
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout)
-
-
-def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0) -> RunningAgent:
-    """Serve ``app`` with uvicorn from a daemon thread; return once it accepts connections.
-
-    For tests and for embedding the agent in another program; ``ferry agent`` serves in the
-    foreground.
-    """
-    import uvicorn
-
-    sock = bind(host, port)
-    bound = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(
-        target=server.run, kwargs={"sockets": [sock]}, name="ferry-agent", daemon=True
-    )
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise FerryError("the agent did not start")
-        time.sleep(0.02)
-    return RunningAgent(f"http://{host}:{bound}", server, thread)
+        raise HTTPError(422, str(e)) from e

@@ -1,28 +1,38 @@
-"""Running the app: uvicorn in a background thread (:class:`ServerThread`), with graceful shutdown.
+"""Running an ASGI app: uvicorn in a background thread (:class:`ServerThread`), with graceful
+shutdown; ``ferry serve`` and ``ferry agent`` both run this way.
 
-The socket is bound before uvicorn starts, so a port in use is a clear error rather than a thread
-that quietly exits, and ``port=0`` gives a free port known at once. Shutting down stops accepting
-connections, lets the requests in flight finish (uvicorn waits for them), then the app's lifespan
-drains the models' queues and releases their threads.
+The socket is bound before uvicorn starts (:func:`bind`), so a port in use is a clear error rather
+than a thread that quietly exits, and ``port=0`` gives a free port known at once. Shutting down
+stops accepting connections, lets the requests in flight finish (uvicorn waits for them), then the
+app's lifespan releases what it holds (the models' queues and threads, the agent's jobs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import socket
 import threading
 import time
-from types import TracebackType
+from collections.abc import Callable, Iterator
+from types import FrameType, TracebackType
 from typing import Any
 
-from ferry.errors import FerryError
+from ferry.errors import BackendUnavailableError, FerryError
 
-__all__ = ["ServerThread"]
+__all__ = ["ServerThread", "bind", "sigterm_interrupts"]
 
 logger = logging.getLogger(__name__)
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` for a server to listen on (port 0: a free one; read it
+    from the socket). IPv6 addresses take IPv4 connections too.
+
+    Raises:
+        FerryError: the host cannot be resolved, or the address is in use or cannot be bound.
+    """
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as e:
@@ -93,9 +103,14 @@ class ServerThread:
         Raises:
             FerryError: the address cannot be bound, or the server did not start in time.
         """
-        import uvicorn
+        try:
+            import uvicorn
+        except ImportError as e:
+            raise BackendUnavailableError(
+                f"serving over HTTP needs uvicorn ({e}); pip install 'ferry[serve]'"
+            ) from None
 
-        sock = _bind(self.host, self.port)
+        sock = bind(self.host, self.port)
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
             self.app,
@@ -154,6 +169,25 @@ class ServerThread:
             self._server.force_exit = True
             self._server.should_exit = True
 
+    def wait(self, on_interrupt: Callable[[], None] | None = None) -> None:
+        """Block until the server stops or Ctrl-C: then shut down gracefully (``on_interrupt`` is
+        called first, to say so); a second Ctrl-C stops at once.
+
+        For a server run in the foreground of the main thread (``ferry serve``, ``ferry agent``);
+        with :func:`sigterm_interrupts`, SIGTERM drains it the same way.
+        """
+        try:
+            while self.is_alive():
+                self.join(0.5)
+        except KeyboardInterrupt:
+            if on_interrupt is not None:
+                on_interrupt()
+            try:
+                self.stop()
+            except KeyboardInterrupt:
+                self.force_stop()
+                self.join(5)
+
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
@@ -171,3 +205,19 @@ class ServerThread:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Within the block, SIGTERM raises KeyboardInterrupt as Ctrl-C does (call it on the main
+    thread), so that a service manager's stop drains a server as Ctrl-C does."""
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

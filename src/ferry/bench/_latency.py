@@ -30,20 +30,13 @@ class LatencyStats:
 
     @classmethod
     def from_samples(cls, samples_ns: np.ndarray, batch: int = 1) -> LatencyStats:
-        ms = samples_ns.astype(np.float64) / 1e6
-        p50, p90, p99 = np.percentile(ms, [50, 90, 99])
-        mean = float(ms.mean())
+        figures = summarize_ms(samples_ns, batch)
+        ms = figures["latency_ms"]
         return cls(
-            iterations=len(ms),
+            iterations=figures["iterations"],
             batch=batch,
-            mean_ms=mean,
-            std_ms=float(ms.std()),
-            min_ms=float(ms.min()),
-            p50_ms=float(p50),
-            p90_ms=float(p90),
-            p99_ms=float(p99),
-            max_ms=float(ms.max()),
-            throughput=batch * 1000.0 / mean if mean > 0 else float("inf"),
+            **{f"{key}_ms": ms[key] for key in ("mean", "std", "min", "p50", "p90", "p99", "max")},
+            throughput=figures["throughput"] or float("inf"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -64,10 +57,7 @@ def measure(
     Stops after ``iterations`` calls, or after ``duration_s`` seconds when that is given (whichever
     comes first when both are).
     """
-    if iterations is None and duration_s is None:
-        raise ValueError("give iterations, duration_s or both")
-    if (iterations is not None and iterations < 1) or (duration_s is not None and duration_s <= 0):
-        raise ValueError("iterations and duration_s must be positive")
+    _check_limits(iterations, duration_s)
     for _ in range(warmup):
         fn()
     clock = time.perf_counter_ns
@@ -84,6 +74,13 @@ def measure(
         if deadline is not None and end >= deadline:
             break
     return LatencyStats.from_samples(np.asarray(samples), batch)
+
+
+def _check_limits(iterations: int | None, duration_s: float | None) -> None:
+    if iterations is None and duration_s is None:
+        raise ValueError("give iterations, duration_s or both")
+    if (iterations is not None and iterations < 1) or (duration_s is not None and duration_s <= 0):
+        raise ValueError("iterations and duration_s must be positive")
 
 
 #: Calls per block when configurations alternate (DESIGN.md, Measuring).
@@ -143,10 +140,7 @@ def interleave(
     A contender whose call raises is taken out of the rotation with ``error`` set; the others go on.
     ``on_progress`` gets the summed fractions done (0..len(contenders)) after every block.
     """
-    if iterations is None and duration_s is None:
-        raise ValueError("give iterations, duration_s or both")
-    if (iterations is not None and iterations < 1) or (duration_s is not None and duration_s <= 0):
-        raise ValueError("iterations and duration_s must be positive")
+    _check_limits(iterations, duration_s)
     block = max(1, block)
     for c in contenders:
         try:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
-import hmac
 import json
 import logging
 import os
@@ -33,10 +32,17 @@ from typing import TYPE_CHECKING, Any
 
 from ferry._version import __version__
 from ferry.errors import BackendUnavailableError, ExecutionError, FerryError, InvalidInputError
-from ferry.serving.codec import decode_request, encode_response
-from ferry.serving.config import triton_config
-from ferry.serving.metrics import Metrics
-from ferry.serving.repository import ModelNotFoundError, ModelNotReadyError, ModelRepository
+from ferry.serving._codec import decode_request, encode_response
+from ferry.serving._config import triton_config
+from ferry.serving._http import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    HTTPError,
+    check_bearer,
+    error_response,
+    read_body,
+)
+from ferry.serving._metrics import Metrics
+from ferry.serving._repository import ModelNotFoundError, ModelNotReadyError, ModelRepository
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -44,30 +50,13 @@ if TYPE_CHECKING:
     from starlette.responses import Response
     from starlette.types import Receive, Scope, Send
 
-__all__ = [
-    "DEFAULT_MAX_REQUEST_BYTES",
-    "EXTENSIONS",
-    "HTTPError",
-    "ServingState",
-    "create_app",
-    "status_of",
-]
+__all__ = ["EXTENSIONS", "ServingState", "create_app", "status_of"]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_REQUEST_BYTES = 64 * 2**20
 #: The protocol extensions advertised by ``GET /v2``.
 EXTENSIONS = ("binary_tensor_data", "model_repository", "model_configuration", "statistics")
 _HEADER_LENGTH = "inference-header-content-length"
-
-
-class HTTPError(FerryError):
-    """An error with its own HTTP status (401, 413...)."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.headers = headers or {}
 
 
 def status_of(error: BaseException) -> int:
@@ -118,16 +107,11 @@ class ServingState:
 
     def authorize_header(self, value: str | None) -> None:
         """Check an ``Authorization`` header's value (None: absent) against the API key."""
-        if self.api_key is None:
-            return
-        scheme, _, token = (value or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            token.strip().encode(), self.api_key.encode()
-        ):
-            raise HTTPError(
-                401,
+        if self.api_key is not None:
+            check_bearer(
+                value,
+                self.api_key,
                 "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
-                {"WWW-Authenticate": "Bearer"},
             )
 
     def index(self, timeout: float = 60.0) -> list[dict[str, str]]:
@@ -246,7 +230,7 @@ def create_app(
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
-        return _json({"error": str(exc.detail)}, exc.status_code, exc.headers)
+        return error_response(exc.status_code, str(exc.detail), exc.headers)
 
     class FerryApp(Starlette):
         async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -264,15 +248,10 @@ def create_app(
 # -- helpers ------------------------------------------------------------------------------------
 
 
-def _json(data: Any, status: int = 200, headers: Any = None) -> Response:
-    from starlette.responses import Response
+def _json(data: Any, status: int = 200) -> Response:
+    from starlette.responses import JSONResponse
 
-    return Response(
-        json.dumps(data, separators=(",", ":")).encode(),
-        status_code=status,
-        headers=headers,
-        media_type="application/json",
-    )
+    return JSONResponse(data, status_code=status)
 
 
 def _error(error: BaseException, status: int | None = None) -> Response:
@@ -283,7 +262,7 @@ def _error(error: BaseException, status: int | None = None) -> Response:
     else:
         message = str(error)
     headers = error.headers if isinstance(error, HTTPError) else None
-    return _json({"error": message}, status, headers)
+    return error_response(status, message, headers)
 
 
 def _endpoint(
@@ -306,43 +285,10 @@ def _state(request: Request) -> ServingState:
     return state
 
 
-async def _read_body(request: Request, limit: int) -> bytearray:
-    """The request body, refused with 413 past ``limit`` (announced or counted), decompressed."""
-    return await _read_body_from(request.headers, request.receive, limit)
-
-
-async def _read_body_from(headers: Mapping[str, str], receive: Receive, limit: int) -> bytearray:
-    """:func:`_read_body` on the raw ASGI ``receive`` (what the inference fast path has)."""
-    declared = headers.get("content-length")
-    expected: int | None = None
-    if declared is not None:
-        try:
-            expected = int(declared)
-        except ValueError:
-            raise HTTPError(400, f"invalid Content-Length {declared!r}") from None
-        if expected > limit:
-            raise _too_large(expected, limit)
-    if expected is not None:
-        body = bytearray(expected)
-        view = memoryview(body)
-        pos = 0
-        try:
-            async for chunk in _chunks(receive):
-                end = pos + len(chunk)
-                if end > expected:
-                    raise HTTPError(400, "the body is longer than its Content-Length")
-                view[pos:end] = chunk
-                pos = end
-        finally:
-            view.release()
-        if pos != expected:
-            raise HTTPError(400, f"the body ended after {pos} of {expected} bytes")
-    else:
-        body = bytearray()
-        async for chunk in _chunks(receive):
-            if len(body) + len(chunk) > limit:
-                raise _too_large(len(body) + len(chunk), limit)
-            body += chunk
+async def _read_body(headers: Mapping[str, str], receive: Receive, limit: int) -> bytearray:
+    """The request body, refused with 413 past ``limit`` (announced, counted or decompressed),
+    decompressed."""
+    body = await read_body(headers, receive, limit)
     encoding = headers.get("content-encoding", "").strip().lower()
     if encoding in ("", "identity"):
         return body
@@ -351,26 +297,6 @@ async def _read_body_from(headers: Mapping[str, str], receive: Receive, limit: i
             400, f"unsupported Content-Encoding {encoding!r}; send gzip, deflate or none"
         )
     return _decompress(body, encoding, limit)
-
-
-async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
-    """The body's chunks, as Starlette's ``Request.stream`` gives them."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.request":
-            chunk = message.get("body", b"")
-            if chunk:
-                yield chunk
-            if not message.get("more_body", False):
-                return
-        elif message["type"] == "http.disconnect":
-            raise HTTPError(400, "the client disconnected before sending the whole body")
-
-
-def _too_large(size: int, limit: int) -> HTTPError:
-    return HTTPError(
-        413, f"the request body is {size} bytes, above this server's limit of {limit} bytes"
-    )
 
 
 def _decompress(body: bytearray, encoding: str, limit: int) -> bytearray:
@@ -416,7 +342,9 @@ def _compress(content: bytes, accept: str | None) -> tuple[bytes, str | None]:
 
 
 async def _small_json_body(request: Request, state: ServingState) -> dict[str, Any]:
-    body = await _read_body(request, min(state.max_request_bytes, 64 * 2**20))
+    body = await _read_body(
+        request.headers, request.receive, min(state.max_request_bytes, DEFAULT_MAX_REQUEST_BYTES)
+    )
     if not body.strip():
         return {}
     try:
@@ -594,7 +522,7 @@ async def _infer_core(
     version.enter()
     try:
         try:
-            body = await _read_body_from(headers, receive, state.max_request_bytes)
+            body = await _read_body(headers, receive, state.max_request_bytes)
             decoded = decode_request(body, _header_length(headers))
             feeds, batch = version.prepare(decoded)
             outputs, sends = version.output_plan(decoded.outputs, decoded.binary_output)

@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import os
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -25,15 +26,15 @@ from typing import Any
 import numpy as np
 
 from ferry.errors import FerryError, InvalidInputError, ModelLoadError
-from ferry.serving.batcher import (
+from ferry.serving._batcher import (
     BatchOutcome,
     DynamicBatcher,
     ExecutionRecord,
     run_items,
 )
-from ferry.serving.codec import InferRequest, RequestedOutput, datatype_of
-from ferry.serving.config import ModelConfig, ResolvedConfig, resolve_config
-from ferry.serving.metrics import VersionRecorder
+from ferry.serving._codec import InferRequest, RequestedOutput, datatype_of
+from ferry.serving._config import ModelConfig, ResolvedConfig, resolve_config
+from ferry.serving._metrics import VersionRecorder
 
 __all__ = [
     "Instance",
@@ -121,7 +122,7 @@ def load_version(
     model_file: Path,
     config: ModelConfig,
     *,
-    backends: list[str] | None = None,
+    backends: str | Sequence[str] | None = None,
     warmup: bool = True,
     cores: int | None = None,
 ) -> LoadedModel:

@@ -171,12 +171,7 @@ def parse_config(data: Any, name: str, *, source: str = "config") -> ModelConfig
     where = f"{source} of model {name!r}"
     if not isinstance(data, dict):
         raise ConfigError(f"{where} must be a JSON object")
-    unknown = sorted(set(data) - _KEYS)
-    if unknown:
-        raise ConfigError(
-            f"{where}: unknown key {', '.join(map(repr, unknown))}; the keys are "
-            f"{', '.join(sorted(_KEYS))}"
-        )
+    _check_keys(data, _KEYS, where, "")
     if "name" in data and data["name"] != name:
         raise ConfigError(f"{where}: 'name' is {data['name']!r} but the model folder is {name!r}")
     max_batch = data.get("max_batch_size")
@@ -189,12 +184,7 @@ def parse_config(data: Any, name: str, *, source: str = "config") -> ModelConfig
     if batching is not None:
         if not isinstance(batching, dict):
             raise ConfigError(f"{where}: 'dynamic_batching' must be an object, e.g. {{}}")
-        unknown = sorted(set(batching) - _BATCHING_KEYS)
-        if unknown:
-            raise ConfigError(
-                f"{where}: unknown dynamic_batching key {', '.join(map(repr, unknown))}; the keys "
-                f"are {', '.join(sorted(_BATCHING_KEYS))}"
-            )
+        _check_keys(batching, _BATCHING_KEYS, where, "dynamic_batching ")
         dynamic = True
         if "max_queue_delay_microseconds" in batching:
             delay = _int(
@@ -262,12 +252,7 @@ def _instance_count(groups: Any, where: str) -> int:
     for group in groups:
         if not isinstance(group, dict):
             raise ConfigError(f"{where}: each instance_group entry must be an object")
-        unknown = sorted(set(group) - _INSTANCE_KEYS)
-        if unknown:
-            raise ConfigError(
-                f"{where}: unknown instance_group key {', '.join(map(repr, unknown))}; the keys "
-                f"are {', '.join(sorted(_INSTANCE_KEYS))}"
-            )
+        _check_keys(group, _INSTANCE_KEYS, where, "instance_group ")
         kind = group.get("kind", "KIND_CPU")
         if kind not in ("KIND_CPU", "KIND_AUTO"):
             raise ConfigError(
@@ -278,6 +263,17 @@ def _instance_count(groups: Any, where: str) -> int:
     if total > _MAX_INSTANCES:
         raise ConfigError(f"{where}: {total} instances is more than the {_MAX_INSTANCES} allowed")
     return total
+
+
+def _check_keys(data: dict[str, Any], known: set[str], where: str, what: str) -> None:
+    """Refuse keys of ``data`` (the config or one of its objects, named by ``what``) that are not
+    ``known``, naming the known ones."""
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown {what}key {', '.join(map(repr, unknown))}; the keys are "
+            f"{', '.join(sorted(known))}"
+        )
 
 
 def _version_policy(policy: Any, where: str) -> VersionPolicy:

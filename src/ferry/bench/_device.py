@@ -32,14 +32,22 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def memory_mb() -> float | None:
-    """Total physical memory in MiB, or None where the OS does not say."""
+def proc_mb(file: str, key: str) -> float | None:
+    """A ``key:  N kB`` line of a Linux (or Android) ``/proc`` file, in MiB; None elsewhere."""
     try:
-        for line in Path("/proc/meminfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("MemTotal:"):
+        for line in Path(file).read_text(encoding="utf-8").splitlines():
+            if line.startswith(f"{key}:"):
                 return round(int(line.split()[1]) / 1024, 1)
     except (OSError, ValueError, IndexError):
         pass
+    return None
+
+
+def memory_mb() -> float | None:
+    """Total physical memory in MiB, or None where the OS does not say."""
+    total = proc_mb("/proc/meminfo", "MemTotal")
+    if total is not None:
+        return total
     try:
         pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, ValueError, OSError):

@@ -16,7 +16,7 @@ How it measures (see DESIGN.md, Measuring):
   A child costs about one second of Python start-up and imports; ``isolate=False`` skips it (cold
   start then measured in-process, peak RSS and warm start null).
 * Latency: in this process, all configurations alternate in blocks of calls
-  (:func:`ferry.bench.latency.interleave`), so a drift in the machine's load hits them all alike.
+  (:func:`ferry.bench.interleave`), so a drift in the machine's load hits them all alike.
 
 The results document (``schema`` ``"ferry.bench/1"``)::
 
@@ -24,7 +24,7 @@ The results document (``schema`` ``"ferry.bench/1"``)::
       "schema": "ferry.bench/1",
       "created": "2026-01-01T12:00:00+00:00",           # UTC
       "model": {"name", "path", "sha256", "inputs": [{"name", "shape", "dtype"}]},
-      "device": {...},                                   # ferry.bench.device.device_info()
+      "device": {...},                                   # ferry.bench.device_info()
       "settings": {"backends", "precisions", "batches", "threads", "warmup", "iterations",
                    "duration_s", "block", "isolated", "seed", "force_cpu", "inputs_from"},
       "configurations": [{
@@ -70,7 +70,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ferry.bench.latency import DEFAULT_BLOCK, Contender, interleave, summarize_ms
+from ferry.bench._latency import DEFAULT_BLOCK, Contender, interleave, summarize_ms
 from ferry.errors import BackendUnavailableError, FerryError, InvalidInputError
 
 if TYPE_CHECKING:
@@ -333,7 +333,7 @@ def run_bench(
         FerryError: the model cannot be read or run by plain ONNX Runtime, or the spec or inputs
             do not fit it. A configuration that fails on its own is reported in the results.
     """
-    from ferry.bench.device import device_info
+    from ferry.bench._device import device_info
     from ferry.graph import load_model, prepare, resolve_model_file
     from ferry.plan import Plan
     from ferry.runtime import load

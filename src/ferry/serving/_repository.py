@@ -4,7 +4,7 @@ Layout::
 
     REPO/
       <model>/
-        config.json            optional (see ferry.serving.config)
+        config.json            optional (see ferry.serving._config)
         <version>/             an integer: 1, 2, 3...
           model.onnx           or the one *.onnx file, or one artifact folder holding model.onnx
 
@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from ferry.errors import FerryError, InvalidInputError, ModelLoadError
-from ferry.serving.config import ConfigError, ModelConfig, parse_config, read_config
-from ferry.serving.metrics import Metrics, VersionRecorder
-from ferry.serving.scheduler import ModelVersion, available_cores, load_version
+from ferry.serving._config import ConfigError, ModelConfig, parse_config, read_config
+from ferry.serving._metrics import Metrics, VersionRecorder
+from ferry.serving._scheduler import ModelVersion, available_cores, load_version
 
 __all__ = [
     "ModelNotFoundError",
@@ -213,15 +213,7 @@ class ModelRepository:
                 "explicit mode and polling exclude each other: either the load API or the "
                 "repository's files decide what is served"
             )
-        self.backends: list[str] | None = (
-            None
-            if backends is None
-            else [
-                b.strip()
-                for b in (backends.split(",") if isinstance(backends, str) else backends)
-                if b.strip()
-            ]
-        )
+        self.backends = backends  # parsed when a model loads (ferry.backends.parse_backends)
         self.poll_interval = poll_interval
         self.explicit = explicit
         self.warmup = warmup

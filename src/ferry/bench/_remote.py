@@ -3,7 +3,7 @@
 The client checks the agent and its token (``GET /device``, ``GET /agent``), uploads the model
 (the ``.onnx`` file as it is, or a tar holding ``model.onnx``, its external data and the
 ``--input`` arrays), then polls the job until it ends. It returns the results document the agent
-computed, the same as a local :func:`ferry.bench.runner.run_bench` returns, with ``model.path``
+computed, the same as a local :func:`ferry.bench.run_bench` returns, with ``model.path``
 and ``model.name`` set to the local model's. Only the standard library speaks HTTP here, so a
 client needs no extra.
 """
@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ferry.bench.agent import INPUTS_FOLDER
-from ferry.bench.runner import BenchSpec, Progress
+from ferry.bench._agent import INPUTS_FOLDER
+from ferry.bench._runner import BenchSpec, Progress
 from ferry.errors import FerryError, InvalidInputError
 
 __all__ = ["AgentClient", "run_remote"]
@@ -116,7 +116,7 @@ def run_remote(
         FerryError: the agent is unreachable, refuses the token, the upload or the spec; the
             model cannot be read there; or the job failed (with the agent's message).
     """
-    from ferry.bench.report import check_results
+    from ferry.bench._report import check_results
     from ferry.graph import resolve_model_file
 
     report = progress or (lambda stage, done, total: None)

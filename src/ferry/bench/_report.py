@@ -1,6 +1,6 @@
 """Bench results out: a comparison table, CSV, JSON, and the ``benchmarks`` of an artifact's report.
 
-Every function takes the results document of :func:`ferry.bench.runner.run_bench` (or of a remote
+Every function takes the results document of :func:`ferry.bench.run_bench` (or of a remote
 agent: the same document).
 """
 
@@ -68,7 +68,7 @@ def check_results(data: Any) -> dict[str, Any]:
 
     Checks the shape, not the figures: every key of the schema is present (figures may be null).
     """
-    from ferry.bench.runner import SCHEMA
+    from ferry.bench._runner import SCHEMA
 
     if not isinstance(data, dict):
         raise FerryError("bench results must be a JSON object")
@@ -368,7 +368,7 @@ def save_to_artifact(results: dict[str, Any], artifact: str | os.PathLike[str]) 
             f"model in a folder as {_ARTIFACT_MODEL} and bench the folder"
         )
     check_results(results)
-    from ferry.bench.runner import file_sha256
+    from ferry.bench._runner import file_sha256
 
     digest = file_sha256(model)
     if results["model"].get("sha256") != digest:
