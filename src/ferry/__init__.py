@@ -11,8 +11,9 @@ Importing ``ferry`` is cheap: engines and heavy modules load on first use.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ferry._lazy import lazy_getattr
 from ferry._version import __version__
 from ferry.errors import (
     BackendUnavailableError,
@@ -48,20 +49,8 @@ __all__ = [
     "load",
 ]
 
-_LAZY = {
-    "load": "ferry.runtime",
-    "Session": "ferry.runtime",
-    "Plan": "ferry.plan",
-    "TensorSpec": "ferry.runtime",
-    "convert": "ferry.converters",
-    "ConversionResult": "ferry.converters",
-}
-
-
-def __getattr__(name: str) -> Any:
-    # onnx, onnx_ir and onnxruntime take a while to import; load them only when asked for.
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'ferry' has no attribute {name!r}")
+__getattr__ = lazy_getattr(
+    __name__,
+    ["load", "Session", "TensorSpec", "Plan", "convert", "ConversionResult"],
+    ["ferry.runtime", "ferry.plan", "ferry.converters"],
+)

@@ -26,6 +26,7 @@ SRC = Path(ferry.__file__).parent
 #: Each room's level; a room may import rooms of a lower level (and, one way, of its own).
 LEVELS: dict[str, int] = {
     "_version": 0,
+    "_lazy": 0,
     "errors": 0,
     "graph": 1,
     "parity": 1,

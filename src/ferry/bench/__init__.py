@@ -13,7 +13,9 @@ measure cold starts) loads only what it runs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ferry._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from ferry.bench._agent import (
@@ -111,14 +113,4 @@ __all__ = [
 _MODULES = ("_device", "_latency", "_runner", "_report", "_plot", "_agent", "_remote")
 
 
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        import importlib
-
-        for module in _MODULES:
-            found = importlib.import_module(f"ferry.bench.{module}")
-            if name in found.__all__:
-                value = getattr(found, name)
-                globals()[name] = value  # later look-ups skip this function
-                return value
-    raise AttributeError(f"module 'ferry.bench' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, __all__, _MODULES)

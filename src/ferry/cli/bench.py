@@ -250,16 +250,16 @@ def _write_outputs(
 ) -> None:
     import json
 
-    from ferry import bench as report  # the results-document helpers
+    from ferry import bench
 
     if json_out == "-":
         click.echo(json.dumps(results, indent=2))
     elif json_out is not None:
-        report.write_json(results, json_out)
+        bench.write_json(results, json_out)
     if csv_out == "-":
-        click.echo(report.to_csv(results), nl=False)
+        click.echo(bench.to_csv(results), nl=False)
     elif csv_out is not None:
-        report.write_csv(results, csv_out)
+        bench.write_csv(results, csv_out)
     if plot_out is not None:
         from ferry.bench import plot_latency
 
@@ -269,14 +269,14 @@ def _write_outputs(
 def _print(results: dict[str, Any]) -> None:
     from rich.measure import Measurement
 
-    from ferry import bench as report  # the results-document helpers
+    from ferry import bench
 
     # A terminal gets the table that fits it; a pipe or a log gets the full one.
-    full = report.table(results)
+    full = bench.table(results)
     need = Measurement.get(console, console.options.update_width(1000), full).maximum
     compact = console.is_terminal and need > console.width
     if compact:
-        console.print(report.table(results, compact=True))
+        console.print(bench.table(results, compact=True))
     elif need > console.width:
         # console.print cannot widen past the console's own width; a pipe gets its own console.
         from rich.console import Console
@@ -284,11 +284,11 @@ def _print(results: dict[str, Any]) -> None:
         Console(width=need, highlight=False, soft_wrap=True).print(full)
     else:
         console.print(full)
-    for line in report.partition_lines(results):
+    for line in bench.partition_lines(results):
         console.print(f"  partitions of {escape(line)}")
-    for line in report.notes(results):
+    for line in bench.notes(results):
         console.print(f"note: {escape(line)}")
-    for line in report.errors(results):
+    for line in bench.errors(results):
         console.print(f"[red]failed[/red] {escape(line)}")
     if compact:
         console.print(
@@ -312,4 +312,4 @@ def _print(results: dict[str, Any]) -> None:
         f"alternating in blocks of {settings['block']}; threads: {threads}; {how}. "
         "* = fastest p50 at its batch; vs ORT = ratio to plain ONNX Runtime fp32."
     )
-    console.print(f"device: {escape(report.device_summary(results['device']))}")
+    console.print(f"device: {escape(bench.device_summary(results['device']))}")

@@ -20,7 +20,9 @@ Names are imported on first use: Starlette, uvicorn and prometheus-client (``pip
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ferry._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from ferry.serving._app import (
@@ -172,14 +174,4 @@ _MODULES = (
 )
 
 
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        import importlib
-
-        for module in _MODULES:
-            found = importlib.import_module(f"ferry.serving.{module}")
-            if name in found.__all__:
-                value = getattr(found, name)
-                globals()[name] = value  # later look-ups skip this function
-                return value
-    raise AttributeError(f"module 'ferry.serving' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, __all__, _MODULES)
