@@ -13,10 +13,15 @@ from click.testing import CliRunner
 import ferry
 import models
 from ferry.cli.main import cli
-from ferry.converters import Converted, ParityError, get_converter, resolve_converter
+from ferry.converters import (
+    Converted,
+    OnnxConverter,
+    ParityError,
+    get_converter,
+    resolve_converter,
+)
 from ferry.converters._convert import _aligned
-from ferry.converters.onnx import OnnxConverter
-from ferry.errors import ConversionError, ModelLoadError
+from ferry.errors import ConversionError, InvalidInputError, ModelLoadError
 
 
 def test_onnx_conversion_is_verified_against_the_original(tmp_path: Path) -> None:
@@ -97,7 +102,7 @@ def test_registry_picks_by_object_suffix_and_name(tmp_path: Path) -> None:
 
 
 def test_every_registered_converter_imports_without_its_framework() -> None:
-    from ferry.converters.registry import converter_names
+    from ferry.converters import converter_names
 
     for name in converter_names():
         converter = get_converter(name)
@@ -126,3 +131,53 @@ def test_report_json_from_cli(tmp_path: Path) -> None:
     report = json.loads(result.stdout)
     assert report["converter"] == "onnx" and report["parity"]["passed"] is True
     assert report["parity"]["outputs"][0]["name"] == "y"
+
+
+# --- example_inputs: one meaning for every converter -----------------------------------------
+
+
+def test_example_inputs_forms() -> None:
+    from ferry.converters._base import example_items
+
+    x, y = np.zeros((2, 3), np.float32), np.ones((2, 3), np.float32)
+    assert example_items(None) == []
+    assert example_items({"a": x, "b": y}) == [("a", x), ("b", y)]
+    assert example_items((x, y)) == [(None, x), (None, y)]
+    assert example_items([x, y]) == [(None, x), (None, y)]  # a list of arrays is positional
+    assert example_items(x) == [(None, x)]
+    # Nested lists of numbers or strings are one array written as lists.
+    assert example_items([[0.5, 1.0]]) == [(None, [[0.5, 1.0]])]
+    assert example_items([["a", "b"]]) == [(None, [["a", "b"]])]
+    assert example_items(([0.5, 1.0],)) == [(None, [0.5, 1.0])]
+
+
+def test_example_inputs_are_named_and_checked_one_way() -> None:
+    from ferry.converters._base import name_examples
+
+    x, y = np.zeros(1), np.ones(1)
+    assert list(name_examples({"b": y, "a": x}, ["a", "b"])) == ["a", "b"]
+    assert name_examples((x, y), ["a", "b"]) == {"a": x, "b": y}
+    assert name_examples(x, ["a"]) == {"a": x}
+    assert name_examples((x,), ["a", "b"], leading=True) == {"a": x}
+    with pytest.raises(
+        InvalidInputError, match=r"example_inputs names 'c', which .* does not take"
+    ):
+        name_examples({"a": x, "c": y}, ["a", "b"])
+    with pytest.raises(InvalidInputError, match=r"example_inputs lacks 'b'.*inputs are: a, b"):
+        name_examples({"a": x}, ["a", "b"])
+    with pytest.raises(InvalidInputError, match=r"lacks 'a'.*positional"):
+        name_examples({"b": y}, ["a", "b"], leading=True)
+    with pytest.raises(InvalidInputError, match=r"1 example inputs given, but the model takes 2"):
+        name_examples((x,), ["a", "b"])
+    with pytest.raises(InvalidInputError, match=r"3 example inputs given, but the model takes 2"):
+        name_examples((x, y, x), ["a", "b"], leading=True)
+
+
+@pytest.mark.parametrize("form", ["dict", "tuple", "array"])
+def test_onnx_models_are_verified_on_the_example_inputs(form: str) -> None:
+    x = np.random.default_rng(0).standard_normal((5, 16)).astype(np.float32)
+    given = {"dict": {"x": x}, "tuple": (x,), "array": x}[form]
+    result = ferry.convert(models.mlp(), example_inputs=given)
+    assert result.parity.passed and dict(result.parity.inputs) == {"x": (5, 16)}
+    with pytest.raises(InvalidInputError, match=r"example_inputs names 'image'.*inputs are: x"):
+        ferry.convert(models.mlp(), example_inputs={"image": x})

@@ -20,8 +20,12 @@ import numpy as np
 import pytest
 
 import ferry
-from ferry.converters.base import ConvertOptions
-from ferry.converters.paddle import PADDLE_PYTHON_ENV, PaddleConverter, find_paddle_python
+from ferry.converters import (
+    PADDLE_PYTHON_ENV,
+    ConvertOptions,
+    PaddleConverter,
+    find_paddle_python,
+)
 from ferry.errors import (
     BackendUnavailableError,
     ConversionError,

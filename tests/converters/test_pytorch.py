@@ -17,8 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import ferry  # noqa: E402
-from ferry.converters.base import Converted, ConvertOptions  # noqa: E402
-from ferry.converters.pytorch import PyTorchConverter  # noqa: E402
+from ferry.converters import Converted, ConvertOptions, PyTorchConverter  # noqa: E402
 from ferry.errors import (  # noqa: E402
     BackendUnavailableError,
     ConversionError,

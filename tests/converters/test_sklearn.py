@@ -31,9 +31,8 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.tree import DecisionTreeClassifier
 
 import ferry
-from ferry.converters.base import Converted, ConvertOptions
-from ferry.converters.onnx import convert_onnx
-from ferry.converters.sklearn import DEFAULT_OPSET, SklearnConverter
+from ferry.converters import Converted, ConvertOptions, SklearnConverter, convert_onnx
+from ferry.converters._sklearn import DEFAULT_OPSET
 from ferry.errors import (
     ConversionError,
     InvalidInputError,

@@ -14,16 +14,14 @@ import onnx_ir as ir
 import pytest
 
 import ferry
-from ferry.converters.base import Converted, ConvertOptions
-from ferry.converters.onnx import convert_onnx
+from ferry.converters import Converted, ConvertOptions, TFLiteConverter, convert_onnx
 from ferry.errors import BackendUnavailableError, ModelLoadError, UnsupportedOpError
 
 pytest.importorskip("tflite", reason="the 'tflite' schema package is not installed")
 
 from ferry.converters._tflite.builder import onnx_type
-from ferry.converters._tflite.reader import read_model
 from ferry.converters._tflite.reference import make_reference
-from ferry.converters.tflite import TFLiteConverter
+from ferry.formats import read_tflite
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "tflite"
 
@@ -105,7 +103,7 @@ def test_fixture_matches_litert(name: str, litert: object) -> None:
 @pytest.mark.parametrize("name", PARITY_FIXTURES)
 def test_layout_names_and_types_stay_tflite(name: str) -> None:
     """Graph inputs and outputs keep the TFLite tensors' names, element types and NHWC shapes."""
-    model = read_model((DATA / f"{name}.tflite").read_bytes(), name)
+    model = read_tflite((DATA / f"{name}.tflite").read_bytes(), name)
     sg = model.subgraphs[0]
     converted = _convert(name)
     graph = converted.model.graph
@@ -263,7 +261,7 @@ def test_hybrid_model_is_checked_against_dequantized_weights(litert: object) -> 
     assert any("dynamic-range" in note for note in converted.notes)
     got = _assert_parity(converted)
     data = (DATA / "dynamic_range.tflite").read_bytes()
-    sg = read_model(data, "dynamic_range").subgraphs[0]
+    sg = read_tflite(data, "dynamic_range").subgraphs[0]
     in_names = [v.name or "" for v in converted.model.graph.inputs]
     out_names = [v.name or "" for v in converted.model.graph.outputs]
     hybrid, _ = make_reference(data, sg, in_names, out_names, dequantize_hybrid=False)

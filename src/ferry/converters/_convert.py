@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from ferry.converters.base import Converted, ConvertOptions
-from ferry.converters.onnx import convert_onnx
-from ferry.converters.registry import resolve_converter
+from ferry.converters._base import Converted, ConvertOptions
+from ferry.converters._onnx import convert_onnx
+from ferry.converters._registry import resolve_converter
 from ferry.errors import ConversionError, FerryError
 from ferry.parity import ParityReport, compare_outputs
 from ferry.runtime import load, random_feeds
@@ -80,7 +80,8 @@ def convert(
             ``.tflite``, ``.pdmodel``/``.json``, ``.pkl``/``.joblib``) or an in-memory model
             (``torch.nn.Module``, ``ExportedProgram``, Keras model, ``paddle.nn.Layer``,
             scikit-learn estimator, ``onnx.ModelProto``, ``onnx_ir.Model``).
-        example_inputs: inputs to trace with (PyTorch needs them) and to verify with.
+        example_inputs: inputs to trace with (PyTorch needs them) and to verify with: a dict by
+            input name, a tuple in positional order, or one array (``ConvertOptions``).
         input_shapes: shapes for inputs the source leaves open; str dims stay symbolic.
         dynamic_axes: dims to make symbolic, ``{"input": {0: "batch"}}``.
         opset: the ONNX opset wanted (None: the converter's default).
@@ -163,12 +164,11 @@ def _check_parity(
 def _verify_inputs(
     session: Any, converted: Converted, options: ConvertOptions
 ) -> dict[str, np.ndarray]:
+    # Converters name the example inputs for their model (``sample_inputs``); without them
+    # the inputs are random, at the shapes the user gave.
     if converted.sample_inputs is not None:
         return dict(converted.sample_inputs)
     names = {s.name for s in session.inputs}
-    given = options.example_inputs
-    if isinstance(given, Mapping) and set(given) == names:
-        return {k: np.asarray(v) for k, v in given.items()}
     shapes = {
         name: tuple(d if isinstance(d, int) else 1 for d in dims)
         for name, dims in (options.input_shapes or {}).items()

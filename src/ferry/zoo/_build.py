@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 
-from ferry.converters.pytorch import detach_from_torch, silence_exporter_logs
+from ferry.converters import detach_from_torch, silence_exporter_logs
 from ferry.zoo._specs import SPECS, get_spec
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,14 @@
-"""The TFLite reader's internals: flatbuffer parsing, op translators, quantization, sparsity.
+"""The TFLite converter (``converter``) and its internals.
 
-``reader`` turns the flatbuffer into plain dataclasses (through the ``tflite`` schema package, pure
-Python, no TensorFlow); ``builder`` holds the ONNX graph being written (values, constants, QDQ,
-layout transposes); ``ops`` has one translator per TFLite builtin op; ``translate`` drives them
-over subgraph 0 and collects every op it cannot translate before failing.
+Reading the flatbuffer is ``ferry.formats``' job (no engine inside); here the read model becomes
+ONNX: ``builder`` holds the ONNX graph being written (values, constants, QDQ, layout transposes);
+``ops`` has one translator per TFLite builtin op; ``translate`` drives them over subgraph 0 and
+collects every op it cannot translate before failing; ``reference`` runs the source file in LiteRT
+for the parity check.
 """
+
+from __future__ import annotations
+
+from ferry.converters._tflite.converter import TFLiteConverter
+
+__all__ = ["TFLiteConverter"]

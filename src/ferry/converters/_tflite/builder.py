@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from ferry.converters._tflite.reader import INT4, Operator, Quant, Subgraph, Tensor
 from ferry.errors import ConversionError
+from ferry.formats import TFLITE_INT4, TFLiteOperator, TFLiteQuant, TFLiteSubgraph, TFLiteTensor
 
 __all__ = ["NCHW", "NHWC", "Builder", "Unsupported", "onnx_type"]
 
@@ -59,7 +59,7 @@ _ONNX_TYPES = {
 # Integer types whose quantized tensors become QDQ pairs (activations and weights).
 _QDQ_TYPES = {3: np.uint8, 7: np.int16, 9: np.int8, 16: np.uint16}
 # Constant-only quantized types dequantized through a DequantizeLinear (biases, int4 weights).
-_DQ_CONST_TYPES = {2, INT4}
+_DQ_CONST_TYPES = {2, TFLITE_INT4}
 # Opset 21 is the first whose QuantizeLinear produces 16-bit integers.
 _OPSET_16BIT_QDQ = 21
 
@@ -84,7 +84,7 @@ class Builder:
         opset: the default-domain opset the translators write for.
     """
 
-    def __init__(self, subgraph: Subgraph, opset: int) -> None:
+    def __init__(self, subgraph: TFLiteSubgraph, opset: int) -> None:
         self.sg = subgraph
         self.opset = opset
         self.nodes: list[ir.Node] = []
@@ -103,7 +103,7 @@ class Builder:
         self._qparams: dict[tuple[int, str], tuple[ir.Value, ir.Value]] = {}
         # Tensor index -> (constant tensor it is a view of, element type to cast to).
         self._folded: dict[int, tuple[int, ir.DataType | None]] = {}
-        self.op: Operator | None = None
+        self.op: TFLiteOperator | None = None
         # Names the graph's inputs and outputs must carry: reserved so that nothing else takes
         # them; the input, or the value bound to the output tensor, claims its name.
         self._reserved = {subgraph.tensors[i].name for i in (*subgraph.inputs, *subgraph.outputs)}
@@ -221,24 +221,24 @@ class Builder:
 
     # ---------------------------------------------------------------------------- tensors
 
-    def tensor(self, index: int) -> Tensor:
+    def tensor(self, index: int) -> TFLiteTensor:
         return self.sg.tensors[index]
 
-    def input_tensor(self, i: int) -> Tensor | None:
+    def input_tensor(self, i: int) -> TFLiteTensor | None:
         """The current op's i-th input tensor, None when omitted."""
         op = self._current()
         if i >= len(op.inputs) or op.inputs[i] < 0:
             return None
         return self.sg.tensors[op.inputs[i]]
 
-    def need(self, i: int) -> Tensor:
+    def need(self, i: int) -> TFLiteTensor:
         """The current op's i-th input tensor, which the op cannot do without."""
         t = self.input_tensor(i)
         if t is None:
             raise Unsupported(f"its required input {i} is missing")
         return t
 
-    def output_tensor(self, i: int = 0) -> Tensor:
+    def output_tensor(self, i: int = 0) -> TFLiteTensor:
         return self.sg.tensors[self._current().outputs[i]]
 
     def has_input(self, i: int) -> bool:
@@ -343,12 +343,14 @@ class Builder:
             data = data.reshape(shape)
         return self._constant_value(t, np.ascontiguousarray(data), axis, "/transformed")
 
-    def _constant_value(self, t: Tensor, data: np.ndarray, axis: int, suffix: str) -> ir.Value:
+    def _constant_value(
+        self, t: TFLiteTensor, data: np.ndarray, axis: int, suffix: str
+    ) -> ir.Value:
         q = t.quant
         if q is None or not (t.type in _QDQ_TYPES or t.type in _DQ_CONST_TYPES):
             if q is not None and t.type == 4:
                 # int64 biases (16x8 quantization): DequantizeLinear has no int64 input.
-                return self.const(_dequantize(data, q, axis), f"{t.name}{suffix}/dequantized")
+                return self.const(q.dequantize(data, axis), f"{t.name}{suffix}/dequantized")
             return self.const(data, t.name + suffix)
         stored = self.const(data, t.name + suffix)
         if not suffix:
@@ -361,7 +363,7 @@ class Builder:
         return out
 
     def _qparams_for(
-        self, t: Tensor, q: Quant, dtype: np.dtype[Any], axis: int
+        self, t: TFLiteTensor, q: TFLiteQuant, dtype: np.dtype[Any], axis: int
     ) -> tuple[ir.Value, ir.Value]:
         key = (t.index, f"{dtype.str}/{axis}")
         if key not in self._qparams:
@@ -427,7 +429,7 @@ class Builder:
         self._nchw[nhwc] = value
         self.bind(index, nhwc)
 
-    def _bind_quantized(self, t: Tensor, value: ir.Value, *, nchw: bool) -> None:
+    def _bind_quantized(self, t: TFLiteTensor, value: ir.Value, *, nchw: bool) -> None:
         assert t.quant is not None
         dtype = np.dtype(_QDQ_TYPES[t.type])
         if dtype.itemsize == 2 and self.opset < _OPSET_16BIT_QDQ:
@@ -485,7 +487,7 @@ class Builder:
         t = self.sg.tensors[index]
         return index in self._real or index in self._folded or t.data is not None
 
-    def _tensor_name(self, t: Tensor) -> str:
+    def _tensor_name(self, t: TFLiteTensor) -> str:
         if t.index in self.sg.outputs and t.index not in self.sg.inputs:
             return self.claim(t.name)
         return self.unique(t.name)
@@ -564,13 +566,13 @@ class Builder:
             value.shape = ir.Shape(list(t.dims))
             self.outputs.append(value)
 
-    def _current(self) -> Operator:
+    def _current(self) -> TFLiteOperator:
         if self.op is None:
             raise ConversionError("no TFLite op is being translated")  # a translator bug
         return self.op
 
 
-def _is_qdq(t: Tensor) -> bool:
+def _is_qdq(t: TFLiteTensor) -> bool:
     """Whether tensor ``t`` is a quantized activation that becomes a QDQ pair."""
     if t.quant is None or t.type not in _QDQ_TYPES:
         return False
@@ -581,16 +583,5 @@ def _is_qdq(t: Tensor) -> bool:
     return True
 
 
-def _numpy_type(t: Tensor) -> np.dtype[Any]:
+def _numpy_type(t: TFLiteTensor) -> np.dtype[Any]:
     return np.dtype(onnx_type(t.type).numpy())
-
-
-def _dequantize(data: np.ndarray, q: Quant, axis: int) -> np.ndarray:
-    scale = q.scale.astype(np.float64)
-    zero = q.zero_point.astype(np.float64)
-    if q.per_channel:
-        shape = [1] * data.ndim
-        shape[axis] = -1
-        scale = scale.reshape(shape)
-        zero = zero.reshape(shape)
-    return ((data.astype(np.float64) - zero) * scale).astype(np.float32)

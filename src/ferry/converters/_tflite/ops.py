@@ -24,12 +24,11 @@ import numpy as np
 import onnx_ir as ir
 
 from ferry.converters._tflite.builder import NCHW, Builder, Unsupported, onnx_type
-from ferry.converters._tflite.reader import Operator, Tensor
-from ferry.converters._tflite.sparse import densify
+from ferry.formats import TFLiteOperator, TFLiteTensor, densify_tflite
 
 __all__ = ["CONTROL_FLOW", "CUSTOM_TRANSLATORS", "TRANSLATORS", "Translator"]
 
-Translator = Callable[[Builder, Operator], None]
+Translator = Callable[[Builder, TFLiteOperator], None]
 
 #: Ops that call other subgraphs; named in the error so the user knows why.
 CONTROL_FLOW = {"WHILE", "IF", "CALL", "CALL_ONCE", "STABLEHLO_WHILE", "STABLEHLO_COMPOSITE"}
@@ -72,11 +71,11 @@ def _activation(b: Builder, value: ir.Value, code: int) -> ir.Value:
     raise Unsupported(f"fused activation {code} (SIGN_BIT) has no ONNX equivalent")
 
 
-def _fused(b: Builder, op: Operator, value: ir.Value) -> ir.Value:
+def _fused(b: Builder, op: TFLiteOperator, value: ir.Value) -> ir.Value:
     return _activation(b, value, int(op.options.get("fused_activation_function", _NONE)))
 
 
-def _spatial(t: Tensor) -> tuple[int | None, int | None]:
+def _spatial(t: TFLiteTensor) -> tuple[int | None, int | None]:
     if t.rank != 4:
         raise Unsupported(f"input {t.name!r} has rank {t.rank}, expected 4 (NHWC)")
     h, w = t.dims[1], t.dims[2]
@@ -93,8 +92,8 @@ def _same_pads(size: int, kernel: int, stride: int, dilation: int) -> tuple[int,
 
 def _padding(
     b: Builder,
-    op: Operator,
-    x: Tensor,
+    op: TFLiteOperator,
+    x: TFLiteTensor,
     kernel: tuple[int, int],
     strides: tuple[int, int],
     dilations: tuple[int, int] = (1, 1),
@@ -111,17 +110,17 @@ def _padding(
     return {"pads": [top, left, bottom, right]}
 
 
-def _strides(op: Operator) -> tuple[int, int]:
+def _strides(op: TFLiteOperator) -> tuple[int, int]:
     return int(op.options.get("stride_h", 1)), int(op.options.get("stride_w", 1))
 
 
-def _dilations(op: Operator) -> tuple[int, int]:
+def _dilations(op: TFLiteOperator) -> tuple[int, int]:
     return int(op.options.get("dilation_h_factor", 1) or 1), int(
         op.options.get("dilation_w_factor", 1) or 1
     )
 
 
-def _out(op: Operator, i: int = 0) -> int:
+def _out(op: TFLiteOperator, i: int = 0) -> int:
     return op.outputs[i]
 
 
@@ -141,7 +140,9 @@ def _as_int64(b: Builder, i: int) -> ir.Value:
     return b.op1("Cast", [value], {"to": ir.DataType.INT64})
 
 
-def _nchw_inputs(b: Builder, op: Operator, indices: Sequence[int]) -> list[ir.Value | None] | None:
+def _nchw_inputs(
+    b: Builder, op: TFLiteOperator, indices: Sequence[int]
+) -> list[ir.Value | None] | None:
     """The op's inputs in NCHW when computing it in NCHW saves Transposes: every computed input
     is rank 4 with an NCHW form already made by an NCHW op (at least one is), and every other
     input is a constant (laid out to broadcast the same). None: compute in NHWC."""
@@ -170,7 +171,7 @@ def _nchw_inputs(b: Builder, op: Operator, indices: Sequence[int]) -> list[ir.Va
 
 def _pointwise(
     b: Builder,
-    op: Operator,
+    op: TFLiteOperator,
     indices: Sequence[int],
     compute: Callable[[list[ir.Value | None]], ir.Value],
 ) -> None:
@@ -198,7 +199,7 @@ _TO_NCHW_AXIS = (0, 2, 3, 1)
 
 
 @_register("CONV_2D")
-def _conv_2d(b: Builder, op: Operator) -> None:
+def _conv_2d(b: Builder, op: TFLiteOperator) -> None:
     x, w = b.need(0), b.need(1)
     if w.rank != 4:
         raise Unsupported(f"filter rank {w.rank}, expected 4 (OHWI)")
@@ -219,7 +220,7 @@ def _conv_2d(b: Builder, op: Operator) -> None:
 
 
 @_register("DEPTHWISE_CONV_2D")
-def _depthwise_conv_2d(b: Builder, op: Operator) -> None:
+def _depthwise_conv_2d(b: Builder, op: TFLiteOperator) -> None:
     x, w = b.need(0), b.need(1)
     if w.rank != 4 or w.shape[0] != 1:
         raise Unsupported(f"filter shape {list(w.shape)}, expected [1, h, w, channels]")
@@ -244,7 +245,7 @@ def _depthwise_conv_2d(b: Builder, op: Operator) -> None:
 
 
 @_register("TRANSPOSE_CONV")
-def _transpose_conv(b: Builder, op: Operator) -> None:
+def _transpose_conv(b: Builder, op: TFLiteOperator) -> None:
     shape = b.constant(0)
     out_dims = (
         [int(v) for v in shape.reshape(-1)] if shape is not None else list(b.output_tensor().dims)
@@ -255,7 +256,7 @@ def _transpose_conv(b: Builder, op: Operator) -> None:
 
 def _deconv(
     b: Builder,
-    op: Operator,
+    op: TFLiteOperator,
     *,
     x: int,
     w: int,
@@ -296,7 +297,7 @@ def _deconv(
     b.bind_nchw(_out(op), _fused(b, op, y))
 
 
-def _convolution_2d_transpose_bias(b: Builder, op: Operator) -> None:
+def _convolution_2d_transpose_bias(b: Builder, op: TFLiteOperator) -> None:
     """MediaPipe's custom transposed convolution: (input, weights OHWI, bias); its options are
     TfLiteTransposeConvParams as raw int32s: padding (1 SAME, 2 VALID), stride_w, stride_h."""
     raw = op.custom_options or b""
@@ -318,7 +319,7 @@ CUSTOM_TRANSLATORS: dict[str, Translator] = {
 
 
 @_register("FULLY_CONNECTED")
-def _fully_connected(b: Builder, op: Operator) -> None:
+def _fully_connected(b: Builder, op: TFLiteOperator) -> None:
     x, w = b.need(0), b.need(1)
     if int(op.options.get("weights_format", 0)) != 0:
         raise Unsupported("shuffled weights (weights_format SHUFFLED4x16INT8)")
@@ -340,7 +341,7 @@ def _fully_connected(b: Builder, op: Operator) -> None:
 
 
 @_register("BATCH_MATMUL")
-def _batch_matmul(b: Builder, op: Operator) -> None:
+def _batch_matmul(b: Builder, op: TFLiteOperator) -> None:
     operands = []
     for i, flag in ((0, "adj_x"), (1, "adj_y")):
         t = b.need(i)
@@ -360,7 +361,7 @@ def _batch_matmul(b: Builder, op: Operator) -> None:
 
 
 def _pool(onnx_op: str) -> Translator:
-    def translate(b: Builder, op: Operator) -> None:
+    def translate(b: Builder, op: TFLiteOperator) -> None:
         x = b.need(0)
         kernel = (int(op.options["filter_height"]), int(op.options["filter_width"]))
         strides = _strides(op)
@@ -384,7 +385,7 @@ TRANSLATORS["MAX_POOL_2D"] = _pool("MaxPool")
 
 
 def _binary(onnx_op: str) -> Translator:
-    def translate(b: Builder, op: Operator) -> None:
+    def translate(b: Builder, op: TFLiteOperator) -> None:
         _pointwise(b, op, (0, 1), lambda v: _fused(b, op, b.op1(onnx_op, [_v(v, 0), _v(v, 1)])))
 
     return translate
@@ -410,7 +411,7 @@ for _name, _onnx in {
 
 
 def _unary(onnx_op: str, **attrs: object) -> Translator:
-    def translate(b: Builder, op: Operator) -> None:
+    def translate(b: Builder, op: TFLiteOperator) -> None:
         _pointwise(b, op, (0,), lambda v: b.op1(onnx_op, [_v(v, 0)], attrs))
 
     return translate
@@ -440,7 +441,7 @@ TRANSLATORS["ELU"] = _unary("Elu", alpha=1.0)
 
 
 def _clip(low: float, high: float, name: str) -> Translator:
-    def translate(b: Builder, op: Operator) -> None:
+    def translate(b: Builder, op: TFLiteOperator) -> None:
         _pointwise(
             b,
             op,
@@ -457,17 +458,17 @@ TRANSLATORS["RELU_0_TO_1"] = _clip(0.0, 1.0, "Relu0To1")
 
 
 @_register("NOT_EQUAL")
-def _not_equal(b: Builder, op: Operator) -> None:
+def _not_equal(b: Builder, op: TFLiteOperator) -> None:
     b.bind(_out(op), b.op1("Not", [b.op1("Equal", [b.get(0), b.get(1)])]))
 
 
 @_register("RSQRT")
-def _rsqrt(b: Builder, op: Operator) -> None:
+def _rsqrt(b: Builder, op: TFLiteOperator) -> None:
     _pointwise(b, op, (0,), lambda v: b.op1("Reciprocal", [b.op1("Sqrt", [_v(v, 0)])]))
 
 
 @_register("SQUARE")
-def _square(b: Builder, op: Operator) -> None:
+def _square(b: Builder, op: TFLiteOperator) -> None:
     _pointwise(b, op, (0,), lambda v: b.op1("Mul", [_v(v, 0), _v(v, 0)]))
 
 
@@ -476,12 +477,12 @@ def _squared(b: Builder, d: ir.Value) -> ir.Value:
 
 
 @_register("SQUARED_DIFFERENCE")
-def _squared_difference(b: Builder, op: Operator) -> None:
+def _squared_difference(b: Builder, op: TFLiteOperator) -> None:
     _pointwise(b, op, (0, 1), lambda v: _squared(b, b.op1("Sub", [_v(v, 0), _v(v, 1)])))
 
 
 @_register("FLOOR_DIV")
-def _floor_div(b: Builder, op: Operator) -> None:
+def _floor_div(b: Builder, op: TFLiteOperator) -> None:
     out = b.output_tensor()
     if out.type in (0, 1, 10):
         b.bind(_out(op), b.op1("Floor", [b.op1("Div", [b.get(0), b.get(1)])]))
@@ -495,7 +496,7 @@ def _floor_div(b: Builder, op: Operator) -> None:
 
 
 @_register("FLOOR_MOD")
-def _floor_mod(b: Builder, op: Operator) -> None:
+def _floor_mod(b: Builder, op: TFLiteOperator) -> None:
     out = b.output_tensor()
     x, y = b.get(0), b.get(1)
     if out.type in (0, 1, 10):
@@ -506,20 +507,20 @@ def _floor_mod(b: Builder, op: Operator) -> None:
 
 
 @_register("LEAKY_RELU")
-def _leaky_relu(b: Builder, op: Operator) -> None:
+def _leaky_relu(b: Builder, op: TFLiteOperator) -> None:
     alpha = float(op.options.get("alpha", 0.2))
     _pointwise(b, op, (0,), lambda v: b.op1("LeakyRelu", [_v(v, 0)], {"alpha": alpha}))
 
 
 @_register("PRELU")
-def _prelu(b: Builder, op: Operator) -> None:
+def _prelu(b: Builder, op: TFLiteOperator) -> None:
     # TFLite's alpha broadcasts against the NHWC input from the right, as ONNX PRelu's does
     # (in NCHW, constant_nchw lays it out to broadcast the same way).
     _pointwise(b, op, (0, 1), lambda v: b.op1("PRelu", [_v(v, 0), _v(v, 1)]))
 
 
 @_register("GELU")
-def _gelu(b: Builder, op: Operator) -> None:
+def _gelu(b: Builder, op: TFLiteOperator) -> None:
     x = b.get(0)
     half_x = b.op1("Mul", [x, b.scalar(0.5)])
     if op.options.get("approximate", False):
@@ -533,7 +534,7 @@ def _gelu(b: Builder, op: Operator) -> None:
 
 
 @_register("SELECT", "SELECT_V2")
-def _select(b: Builder, op: Operator) -> None:
+def _select(b: Builder, op: TFLiteOperator) -> None:
     cond = b.get(0)
     c, x = b.need(0), b.need(1)
     if op.opcode == "SELECT" and c.rank == 1 and x.rank > 1:
@@ -543,12 +544,12 @@ def _select(b: Builder, op: Operator) -> None:
 
 
 @_register("ADD_N")
-def _add_n(b: Builder, op: Operator) -> None:
+def _add_n(b: Builder, op: TFLiteOperator) -> None:
     b.bind(_out(op), b.op1("Sum", [b.get(i) for i in range(len(op.inputs))]))
 
 
 @_register("CAST")
-def _cast(b: Builder, op: Operator) -> None:
+def _cast(b: Builder, op: TFLiteOperator) -> None:
     # CAST converts the stored numbers: quantized inputs are not dequantized first.
     out = b.output_tensor()
     b.bind(_out(op), b.op1("Cast", [b.raw(0)], {"to": onnx_type(out.type)}))
@@ -558,7 +559,7 @@ def _cast(b: Builder, op: Operator) -> None:
 
 
 @_register("DEQUANTIZE")
-def _dequantize(b: Builder, op: Operator) -> None:
+def _dequantize(b: Builder, op: TFLiteOperator) -> None:
     t = b.need(0)
     out = b.output_tensor()
     if b.is_constant(t.index) and t.sparsity is None:
@@ -573,19 +574,19 @@ def _dequantize(b: Builder, op: Operator) -> None:
 
 
 @_register("QUANTIZE")
-def _quantize(b: Builder, op: Operator) -> None:
+def _quantize(b: Builder, op: TFLiteOperator) -> None:
     # Real numbers in, real numbers out: binding the output inserts its QuantizeLinear/
     # DequantizeLinear pair, which also requantizes int8 <-> uint8.
     _pointwise(b, op, (0,), lambda v: _v(v, 0))
 
 
 @_register("DENSIFY")
-def _densify(b: Builder, op: Operator) -> None:
+def _densify(b: Builder, op: TFLiteOperator) -> None:
     t = b.need(0)
     if t.sparsity is None or t.data is None:
         raise Unsupported("its input is not a sparse constant")
     out = b.output_tensor()
-    out.data = densify(t.data, t.sparsity, t.shape)
+    out.data = densify_tflite(t.data, t.sparsity, t.shape)
     out.quant = t.quant if out.quant is None else out.quant
 
 
@@ -593,7 +594,7 @@ def _densify(b: Builder, op: Operator) -> None:
 
 
 @_register("SOFTMAX")
-def _softmax(b: Builder, op: Operator) -> None:
+def _softmax(b: Builder, op: TFLiteOperator) -> None:
     x = b.get(0)
     beta = float(op.options.get("beta", 1.0))
     if beta != 1.0:
@@ -602,12 +603,12 @@ def _softmax(b: Builder, op: Operator) -> None:
 
 
 @_register("LOG_SOFTMAX")
-def _log_softmax(b: Builder, op: Operator) -> None:
+def _log_softmax(b: Builder, op: TFLiteOperator) -> None:
     b.bind(_out(op), b.op1("LogSoftmax", [b.get(0)], {"axis": -1}))
 
 
 @_register("L2_NORMALIZATION")
-def _l2_normalization(b: Builder, op: Operator) -> None:
+def _l2_normalization(b: Builder, op: TFLiteOperator) -> None:
     x = b.get(0)
     norm = b.op1("Sqrt", [b.op1("ReduceSumSquare", [x, b.ints([-1], "axes")], {"keepdims": 1})])
     norm = b.op1("Max", [norm, b.scalar(1e-6)])  # TFLite's epsilon
@@ -615,7 +616,7 @@ def _l2_normalization(b: Builder, op: Operator) -> None:
 
 
 @_register("LOCAL_RESPONSE_NORMALIZATION")
-def _lrn(b: Builder, op: Operator) -> None:
+def _lrn(b: Builder, op: TFLiteOperator) -> None:
     o = op.options
     size = 2 * int(o.get("radius", 5)) + 1
     attrs = {
@@ -632,7 +633,7 @@ def _lrn(b: Builder, op: Operator) -> None:
 
 
 @_register("RESHAPE")
-def _reshape(b: Builder, op: Operator) -> None:
+def _reshape(b: Builder, op: TFLiteOperator) -> None:
     out = b.output_tensor()
     if b.has_input(1) and b.constant(1) is not None:
         shape = [int(v) for v in np.asarray(b.constant(1)).reshape(-1)]
@@ -655,7 +656,7 @@ def _reshape(b: Builder, op: Operator) -> None:
 
 
 @_register("SQUEEZE")
-def _squeeze(b: Builder, op: Operator) -> None:
+def _squeeze(b: Builder, op: TFLiteOperator) -> None:
     x = b.need(0)
     axes = [int(a) for a in op.options.get("squeeze_dims", ()) or ()]
     if not axes:
@@ -666,13 +667,13 @@ def _squeeze(b: Builder, op: Operator) -> None:
 
 
 @_register("EXPAND_DIMS")
-def _expand_dims(b: Builder, op: Operator) -> None:
+def _expand_dims(b: Builder, op: TFLiteOperator) -> None:
     axis = _axes(b, 1, "axis")
     b.bind(_out(op), b.op1("Unsqueeze", [b.get(0), b.ints(axis, "axes")]))
 
 
 @_register("CONCATENATION")
-def _concatenation(b: Builder, op: Operator) -> None:
+def _concatenation(b: Builder, op: TFLiteOperator) -> None:
     axis = int(op.options.get("axis", 0))
     rank = b.output_tensor().rank
     indices = range(len(op.inputs))
@@ -686,14 +687,14 @@ def _concatenation(b: Builder, op: Operator) -> None:
 
 
 @_register("PACK")
-def _pack(b: Builder, op: Operator) -> None:
+def _pack(b: Builder, op: TFLiteOperator) -> None:
     axis = int(op.options.get("axis", 0))
     parts = [b.op1("Unsqueeze", [b.get(i), b.ints([axis], "axes")]) for i in range(len(op.inputs))]
     b.bind(_out(op), b.op1("Concat", parts, {"axis": axis}) if len(parts) > 1 else parts[0])
 
 
 @_register("UNPACK")
-def _unpack(b: Builder, op: Operator) -> None:
+def _unpack(b: Builder, op: TFLiteOperator) -> None:
     axis = int(op.options.get("axis", 0))
     count = len(op.outputs)
     parts = (
@@ -705,7 +706,9 @@ def _unpack(b: Builder, op: Operator) -> None:
         b.bind(index, b.op1("Squeeze", [part, b.ints([axis], "axes")]))
 
 
-def _split(b: Builder, op: Operator, x_index: int, axis: int, sizes: list[int] | None) -> None:
+def _split(
+    b: Builder, op: TFLiteOperator, x_index: int, axis: int, sizes: list[int] | None
+) -> None:
     count = len(op.outputs)
     x = b.need(x_index)
     value = b.get(x_index)
@@ -726,14 +729,14 @@ def _split(b: Builder, op: Operator, x_index: int, axis: int, sizes: list[int] |
 
 
 @_register("SPLIT")
-def _split_op(b: Builder, op: Operator) -> None:
+def _split_op(b: Builder, op: TFLiteOperator) -> None:
     # SPLIT's inputs are (axis, input), in that order.
     axis = _axes(b, 0, "axis")[0]
     _split(b, op, 1, axis, None)
 
 
 @_register("SPLIT_V")
-def _split_v(b: Builder, op: Operator) -> None:
+def _split_v(b: Builder, op: TFLiteOperator) -> None:
     x = b.need(0)
     sizes = _axes(b, 1, "size_splits")
     axis = _axes(b, 2, "axis")[0]
@@ -748,7 +751,7 @@ def _split_v(b: Builder, op: Operator) -> None:
 
 
 @_register("SLICE")
-def _slice(b: Builder, op: Operator) -> None:
+def _slice(b: Builder, op: TFLiteOperator) -> None:
     begin, size = b.constant(1), b.constant(2)
     if begin is None or size is None:
         start = _as_int64(b, 1)
@@ -770,7 +773,7 @@ def _slice(b: Builder, op: Operator) -> None:
 
 
 @_register("STRIDED_SLICE")
-def _strided_slice(b: Builder, op: Operator) -> None:
+def _strided_slice(b: Builder, op: TFLiteOperator) -> None:
     x = b.need(0)
     begin = _axes(b, 1, "begin")
     end = _axes(b, 2, "end")
@@ -898,7 +901,7 @@ def _strided_slice_plan(
 
 
 @_register("GATHER")
-def _gather(b: Builder, op: Operator) -> None:
+def _gather(b: Builder, op: TFLiteOperator) -> None:
     if int(op.options.get("batch_dims", 0)) != 0:
         raise Unsupported("batch_dims other than 0")
     axis = int(op.options.get("axis", 0))
@@ -906,12 +909,12 @@ def _gather(b: Builder, op: Operator) -> None:
 
 
 @_register("GATHER_ND")
-def _gather_nd(b: Builder, op: Operator) -> None:
+def _gather_nd(b: Builder, op: TFLiteOperator) -> None:
     b.bind(_out(op), b.op1("GatherND", [b.get(0), _as_int64_tensor(b, 1)]))
 
 
 @_register("EMBEDDING_LOOKUP")
-def _embedding_lookup(b: Builder, op: Operator) -> None:
+def _embedding_lookup(b: Builder, op: TFLiteOperator) -> None:
     # Inputs are (ids, table).
     b.bind(_out(op), b.op1("Gather", [b.get(1), b.raw(0)], {"axis": 0}))
 
@@ -923,54 +926,54 @@ def _as_int64_tensor(b: Builder, i: int) -> ir.Value:
 
 
 @_register("TRANSPOSE")
-def _transpose(b: Builder, op: Operator) -> None:
+def _transpose(b: Builder, op: TFLiteOperator) -> None:
     perm = _axes(b, 1, "permutation")
     b.bind(_out(op), b.op1("Transpose", [b.get(0)], {"perm": perm}))
 
 
 @_register("TILE")
-def _tile(b: Builder, op: Operator) -> None:
+def _tile(b: Builder, op: TFLiteOperator) -> None:
     b.bind(_out(op), b.op1("Tile", [b.get(0), _as_int64(b, 1)]))
 
 
 @_register("BROADCAST_TO")
-def _broadcast_to(b: Builder, op: Operator) -> None:
+def _broadcast_to(b: Builder, op: TFLiteOperator) -> None:
     b.bind(_out(op), b.op1("Expand", [b.get(0), _as_int64(b, 1)]))
 
 
 @_register("FILL")
-def _fill(b: Builder, op: Operator) -> None:
+def _fill(b: Builder, op: TFLiteOperator) -> None:
     # Inputs are (dims, value).
     b.bind(_out(op), b.op1("Expand", [b.get(1), _as_int64(b, 0)]))
 
 
 @_register("ZEROS_LIKE")
-def _zeros_like(b: Builder, op: Operator) -> None:
+def _zeros_like(b: Builder, op: TFLiteOperator) -> None:
     x = b.get(0)
     zero = b.op1("Cast", [b.scalar(0, np.int32)], {"to": onnx_type(b.output_tensor().type)})
     b.bind(_out(op), b.op1("Expand", [zero, b.op1("Shape", [x])]))
 
 
 @_register("SHAPE")
-def _shape(b: Builder, op: Operator) -> None:
+def _shape(b: Builder, op: TFLiteOperator) -> None:
     out = b.output_tensor()
     b.bind(_out(op), b.op1("Cast", [b.op1("Shape", [b.get(0)])], {"to": onnx_type(out.type)}))
 
 
 @_register("RANK")
-def _rank(b: Builder, op: Operator) -> None:
+def _rank(b: Builder, op: TFLiteOperator) -> None:
     size = b.op1("Size", [b.op1("Shape", [b.get(0)])])
     out = b.output_tensor()
     b.bind(_out(op), b.op1("Cast", [size], {"to": onnx_type(out.type)}))
 
 
 @_register("RANGE")
-def _range(b: Builder, op: Operator) -> None:
+def _range(b: Builder, op: TFLiteOperator) -> None:
     b.bind(_out(op), b.op1("Range", [b.get(0), b.get(1), b.get(2)]))
 
 
 @_register("REVERSE_V2")
-def _reverse(b: Builder, op: Operator) -> None:
+def _reverse(b: Builder, op: TFLiteOperator) -> None:
     axes = _axes(b, 1)
     n = len(axes)
     value = b.op1(
@@ -988,7 +991,7 @@ def _reverse(b: Builder, op: Operator) -> None:
 
 
 def _arg(onnx_op: str) -> Translator:
-    def translate(b: Builder, op: Operator) -> None:
+    def translate(b: Builder, op: TFLiteOperator) -> None:
         axis = _axes(b, 1, "axis")[0]
         index = b.op1(onnx_op, [b.get(0)], {"axis": axis, "keepdims": 0})
         out = b.output_tensor()
@@ -1004,7 +1007,7 @@ TRANSLATORS["ARG_MIN"] = _arg("ArgMin")
 
 
 def _reduce(onnx_op: str, *, via_int: bool = False) -> Translator:
-    def translate(b: Builder, op: Operator) -> None:
+    def translate(b: Builder, op: TFLiteOperator) -> None:
         keep = 1 if op.options.get("keep_dims", False) else 0
         if not via_int and _reduce_nchw(b, op, onnx_op, keep):
             return
@@ -1021,7 +1024,7 @@ def _reduce(onnx_op: str, *, via_int: bool = False) -> Translator:
     return translate
 
 
-def _reduce_nchw(b: Builder, op: Operator, onnx_op: str, keep: int) -> bool:
+def _reduce_nchw(b: Builder, op: TFLiteOperator, onnx_op: str, keep: int) -> bool:
     """Reduce an input that already is NCHW there, when the result's dims come out in the same
     order either way (a global pooling over H and W does; a reduction over H alone does not)."""
     x = b.input_tensor(0)
@@ -1054,7 +1057,7 @@ TRANSLATORS["REDUCE_ALL"] = _reduce("ReduceMin", via_int=True)
 
 
 @_register("CUMSUM")
-def _cumsum(b: Builder, op: Operator) -> None:
+def _cumsum(b: Builder, op: TFLiteOperator) -> None:
     attrs = {
         "exclusive": int(bool(op.options.get("exclusive", False))),
         "reverse": int(bool(op.options.get("reverse", False))),
@@ -1064,7 +1067,7 @@ def _cumsum(b: Builder, op: Operator) -> None:
 
 
 @_register("TOPK_V2")
-def _topk(b: Builder, op: Operator) -> None:
+def _topk(b: Builder, op: TFLiteOperator) -> None:
     values, indices = b.node("TopK", [b.get(0), _as_int64(b, 1)], {"axis": -1}, outputs=2)
     b.bind(op.outputs[0], values)
     out = b.tensor(op.outputs[1])
@@ -1072,7 +1075,7 @@ def _topk(b: Builder, op: Operator) -> None:
 
 
 @_register("WHERE")
-def _where(b: Builder, op: Operator) -> None:
+def _where(b: Builder, op: TFLiteOperator) -> None:
     # TFLite WHERE (one input) lists the coordinates of true elements, [count, rank] int64.
     nz = b.op1("NonZero", [b.get(0)])
     out = b.output_tensor()
@@ -1096,7 +1099,7 @@ def _pads(b: Builder, i: int) -> ir.Value:
     return b.op1("Reshape", [transposed, b.ints([-1], "shape")])
 
 
-def _pad_nchw(b: Builder, op: Operator, mode: str, value: ir.Value | None = None) -> bool:
+def _pad_nchw(b: Builder, op: TFLiteOperator, mode: str, value: ir.Value | None = None) -> bool:
     """Pad in NCHW when the input already is (and the paddings are constant)."""
     t = b.input_tensor(0)
     data = b.constant(1)
@@ -1110,7 +1113,7 @@ def _pad_nchw(b: Builder, op: Operator, mode: str, value: ir.Value | None = None
 
 
 @_register("PAD", "PADV2")
-def _pad(b: Builder, op: Operator) -> None:
+def _pad(b: Builder, op: TFLiteOperator) -> None:
     # A quantized PAD fills with the zero point, i.e. the real value 0, as Pad does here.
     value = b.get_opt(2) if op.opcode == "PADV2" else None
     if _pad_nchw(b, op, "constant", value):
@@ -1119,7 +1122,7 @@ def _pad(b: Builder, op: Operator) -> None:
 
 
 @_register("MIRROR_PAD")
-def _mirror_pad(b: Builder, op: Operator) -> None:
+def _mirror_pad(b: Builder, op: TFLiteOperator) -> None:
     if int(op.options.get("mode", 0)) == 0:  # REFLECT: mirror without the edge, as ONNX does
         if _pad_nchw(b, op, "reflect"):
             return
@@ -1150,7 +1153,7 @@ def _reversed_slice(b: Builder, value: ir.Value, axis: int, start: int, end: int
 
 
 def _resize(mode: str) -> Translator:
-    def translate(b: Builder, op: Operator) -> None:
+    def translate(b: Builder, op: TFLiteOperator) -> None:
         align = bool(op.options.get("align_corners", False))
         half = bool(op.options.get("half_pixel_centers", False))
         if align and half:
@@ -1202,7 +1205,7 @@ TRANSLATORS["RESIZE_NEAREST_NEIGHBOR"] = _resize("nearest")
 
 
 @_register("SPACE_TO_BATCH_ND")
-def _space_to_batch_nd(b: Builder, op: Operator) -> None:
+def _space_to_batch_nd(b: Builder, op: TFLiteOperator) -> None:
     """Pad the block dims, split each into (size / block, block), move the block offsets in
     front of the batch: [N, S.., C] -> [prod(block) * N, S / block.., C]."""
     x = b.need(0)
@@ -1231,7 +1234,7 @@ def _space_to_batch_nd(b: Builder, op: Operator) -> None:
 
 
 @_register("BATCH_TO_SPACE_ND")
-def _batch_to_space_nd(b: Builder, op: Operator) -> None:
+def _batch_to_space_nd(b: Builder, op: TFLiteOperator) -> None:
     """The inverse of SPACE_TO_BATCH_ND, then crop: [prod(block) * N, S.., C] -> [N, S * block
     - crops.., C]."""
     x = b.need(0)
@@ -1264,7 +1267,7 @@ def _batch_to_space_nd(b: Builder, op: Operator) -> None:
     b.bind(_out(op), value)
 
 
-def _static_dims(t: Tensor, axes: range, what: str) -> list[int]:
+def _static_dims(t: TFLiteTensor, axes: range, what: str) -> list[int]:
     dims = [t.dims[a] for a in axes]
     if any(d is None for d in dims):
         raise Unsupported(f"{what} needs the non-batch dims of {t.name!r} static")
@@ -1272,7 +1275,7 @@ def _static_dims(t: Tensor, axes: range, what: str) -> list[int]:
 
 
 @_register("DEPTH_TO_SPACE")
-def _depth_to_space(b: Builder, op: Operator) -> None:
+def _depth_to_space(b: Builder, op: TFLiteOperator) -> None:
     # TF's NHWC depth_to_space orders the depth as (block_y, block_x, channel): ONNX's DCR.
     block = int(op.options["block_size"])
     y = b.op1("DepthToSpace", [b.to_nchw(b.get(0))], {"blocksize": block, "mode": "DCR"})
@@ -1280,7 +1283,7 @@ def _depth_to_space(b: Builder, op: Operator) -> None:
 
 
 @_register("SPACE_TO_DEPTH")
-def _space_to_depth(b: Builder, op: Operator) -> None:
+def _space_to_depth(b: Builder, op: TFLiteOperator) -> None:
     block = int(op.options["block_size"])
     y = b.op1("SpaceToDepth", [b.to_nchw(b.get(0))], {"blocksize": block})
     b.bind_nchw(_out(op), y)
@@ -1302,7 +1305,7 @@ _LSTM_ACTIVATIONS = {_RELU, _TANH, _RELU6, _RELU_N1_TO_1}
 
 
 @_register("UNIDIRECTIONAL_SEQUENCE_LSTM")
-def _unidirectional_sequence_lstm(b: Builder, op: Operator) -> None:
+def _unidirectional_sequence_lstm(b: Builder, op: TFLiteOperator) -> None:
     """TFLite's fused LSTM as an ONNX Scan over time, one step per iteration.
 
     ONNX's LSTM op cannot express TFLite's cell clipping (it clips gate pre-activations, TFLite

@@ -16,9 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ferry.converters._tflite.reader import Subgraph
-from ferry.converters.base import ReferenceFn
-from ferry.errors import InvalidInputError
+from ferry.converters._base import ReferenceFn, first_line, require_inputs
+from ferry.formats import TFLITE_IDENTIFIER, TFLITE_INT4, TFLiteSubgraph
 
 __all__ = ["HYBRID_OPS", "dequantize_hybrid_weights", "hybrid_weights", "make_reference"]
 
@@ -37,10 +36,10 @@ HYBRID_OPS = {
     "SVDF",
     "EMBEDDING_LOOKUP",
 }
-_FLOAT32, _INT8, _INT4 = 0, 9, 17
+_FLOAT32, _INT8 = 0, 9
 
 
-def hybrid_weights(sg: Subgraph) -> set[int]:
+def hybrid_weights(sg: TFLiteSubgraph) -> set[int]:
     """Indices of the int8/int4 constant tensors that hybrid ops read with float activations."""
     found: set[int] = set()
     for op in sg.operators:
@@ -51,7 +50,7 @@ def hybrid_weights(sg: Subgraph) -> set[int]:
             continue
         for i in op.inputs:
             t = sg.tensors[i] if i >= 0 else None
-            if t is not None and t.type in (_INT8, _INT4) and t.data is not None and t.quant:
+            if t is not None and t.type in (_INT8, TFLITE_INT4) and t.data is not None and t.quant:
                 found.add(i)
     return found
 
@@ -78,38 +77,22 @@ def _interpreter() -> tuple[Any, Any, str]:
         )
 
 
-def dequantize_hybrid_weights(data: bytes, schema: Any, tensors: set[int]) -> bytes:
-    """A copy of the flatbuffer with subgraph 0's ``tensors`` (int8/int4 weights) turned into
-    float32 constants, through the schema's object API (the TFLite writer's own code)."""
+def dequantize_hybrid_weights(
+    data: bytes, schema: Any, sg: TFLiteSubgraph, tensors: set[int]
+) -> bytes:
+    """A copy of the flatbuffer with subgraph 0's ``tensors`` (int8/int4 weights, as read into
+    ``sg``) turned into float32 constants, through the schema's object API (the TFLite writer's own
+    code)."""
     import flatbuffers
 
     model = schema.ModelT.InitFromPackedBuf(data, 0)
-    sg = model.subgraphs[0]
+    written = model.subgraphs[0]
     for index in sorted(tensors):
-        t = sg.tensors[index]
-        buffer = model.buffers[t.buffer]
-        raw = np.asarray(buffer.data, dtype=np.uint8)
-        count = int(np.prod(t.shape)) if t.shape is not None and len(t.shape) else 1
-        if t.type == _INT4:
-            low = (raw & 0x0F).astype(np.int16)
-            high = (raw >> 4).astype(np.int16)
-            values = np.stack([low, high], axis=-1).reshape(-1)[:count]
-            values = np.where(values > 7, values - 16, values)
-        else:
-            values = raw.view(np.int8)[:count].astype(np.int16)
-        q = t.quantization
-        scale = np.asarray(q.scale, dtype=np.float32).reshape(-1)
-        zero = (
-            np.asarray(q.zeroPoint, dtype=np.int64).reshape(-1)
-            if q.zeroPoint is not None and len(q.zeroPoint)
-            else np.zeros(scale.shape, np.int64)
-        )
-        shape = tuple(int(d) for d in t.shape) if t.shape is not None else ()
-        values = values.reshape(shape).astype(np.float32)
-        broadcast = [1] * len(shape)
-        if scale.size > 1:
-            broadcast[q.quantizedDimension] = -1
-        real = ((values - zero.reshape(broadcast)) * scale.reshape(broadcast)).astype("<f4")
+        read = sg.tensors[index]
+        if read.data is None or read.quant is None:
+            continue  # not a quantized constant: hybrid_weights picks none such
+        real = read.quant.dequantize(read.data).astype("<f4")
+        t = written.tensors[index]
         fresh = schema.BufferT()
         fresh.data = np.frombuffer(real.tobytes(), dtype=np.uint8)
         model.buffers.append(fresh)  # buffers may be shared: leave the original alone
@@ -117,13 +100,13 @@ def dequantize_hybrid_weights(data: bytes, schema: Any, tensors: set[int]) -> by
         t.type = _FLOAT32
         t.quantization = None
     builder = flatbuffers.Builder(len(data) * 2 + 1024)
-    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    builder.Finish(model.Pack(builder), file_identifier=TFLITE_IDENTIFIER)
     return bytes(builder.Output())
 
 
 def make_reference(
     data: bytes,
-    sg: Subgraph,
+    sg: TFLiteSubgraph,
     in_names: Sequence[str],
     out_names: Sequence[str],
     *,
@@ -142,7 +125,7 @@ def make_reference(
     content = data
     if hybrid:
         try:
-            content = dequantize_hybrid_weights(data, schema, hybrid)
+            content = dequantize_hybrid_weights(data, schema, sg, hybrid)
         except Exception as e:  # an unusual file the object API cannot round-trip
             logger.debug("cannot dequantize the hybrid weights", exc_info=True)
             return None, [f"no reference run: cannot rewrite the hybrid weights ({e})"]
@@ -156,15 +139,13 @@ def make_reference(
         details = {d["index"]: d for d in interpreter.get_input_details()}
         outputs = {d["index"]: d for d in interpreter.get_output_details()}
     except Exception as e:  # custom/Flex ops it lacks, names it cannot decode...: no reference
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return None, [*notes, f"no reference run: LiteRT cannot load the model: {first}"]
+        return None, [*notes, f"no reference run: LiteRT cannot load the model: {first_line(e)}"]
     state: dict[str, Any] = {"shapes": None}
 
     def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        require_inputs(feeds, in_names, "the TFLite reference")
         arrays = []
         for index, name in zip(sg.inputs, in_names):
-            if name not in feeds:
-                raise InvalidInputError(f"the TFLite reference needs input {name!r}")
             arrays.append((details[index], np.ascontiguousarray(feeds[name])))
         shapes = [a.shape for _, a in arrays]
         if shapes != state["shapes"]:

@@ -8,17 +8,17 @@ unsupported op; ops downstream of a failed one are only checked for a translator
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Mapping, Sequence
 
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from ferry._version import __version__
+from ferry.converters._base import list_ops
 from ferry.converters._tflite.builder import Builder, Unsupported
 from ferry.converters._tflite.ops import CONTROL_FLOW, CUSTOM_TRANSLATORS, TRANSLATORS
-from ferry.converters._tflite.reader import Model, Operator, Subgraph
 from ferry.errors import ConversionError, FerryError, UnsupportedOpError
+from ferry.formats import TFLiteModel, TFLiteOperator, TFLiteSubgraph
 
 __all__ = ["DEFAULT_OPSET", "input_dims", "translate"]
 
@@ -33,7 +33,7 @@ _IR_VERSIONS = {18: 8, 21: 10}
 
 
 def input_dims(
-    subgraph: Subgraph,
+    subgraph: TFLiteSubgraph,
     index: int,
     input_shapes: Mapping[str, Sequence[int | str]] | None = None,
     dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
@@ -55,7 +55,7 @@ def input_dims(
 
 
 def translate(
-    model: Model,
+    model: TFLiteModel,
     source: str,
     *,
     input_shapes: Mapping[str, Sequence[int | str]] | None = None,
@@ -78,7 +78,7 @@ def translate(
                 f"{source}: graph input {sg.tensors[index].name!r}: {e}"
             ) from None
 
-    problems: list[tuple[Operator, str]] = []
+    problems: list[tuple[TFLiteOperator, str]] = []
     failed: set[int] = set()
     for op in sg.operators:
         b.op = op
@@ -141,11 +141,11 @@ def translate(
     return result
 
 
-def _has_16bit_activations(sg: Subgraph) -> bool:
+def _has_16bit_activations(sg: TFLiteSubgraph) -> bool:
     return any(t.quant is not None and t.type == 7 and t.data is None for t in sg.tensors)
 
 
-def _why_unsupported(op: Operator) -> str:
+def _why_unsupported(op: TFLiteOperator) -> str:
     if op.opcode in CONTROL_FLOW:
         return (
             "control flow (it runs other subgraphs); ferry converts subgraph 0 without "
@@ -163,26 +163,26 @@ def _why_unsupported(op: Operator) -> str:
     return "no ONNX translation for this op yet"
 
 
-def _op_list(sg: Subgraph, problems: list[tuple[Operator, str]]) -> list[tuple[str, str]]:
+def _op_list(
+    sg: TFLiteSubgraph, problems: list[tuple[TFLiteOperator, str]]
+) -> list[tuple[str, str]]:
     return [(op.display_name, _op_label(sg, op)) for op, _ in problems]
 
 
-def _op_label(sg: Subgraph, op: Operator) -> str:
+def _op_label(sg: TFLiteSubgraph, op: TFLiteOperator) -> str:
     outputs = [sg.tensors[i].name for i in op.outputs if i >= 0]
     return f"#{op.index} -> {outputs[0]}" if outputs else f"#{op.index}"
 
 
-def _message(source: str, sg: Subgraph, problems: list[tuple[Operator, str]]) -> str:
-    counts = Counter(op.display_name for op, _ in problems)
-    parts = []
-    for name, count in counts.most_common():
-        entries = [(op, why) for op, why in problems if op.display_name == name]
-        labels = ", ".join(_op_label(sg, op) for op, _ in entries[:3])
-        more = f", +{count - 3} more" if count > 3 else ""
-        reasons = sorted({why for _, why in entries})
-        parts.append(f"{name} x{count} ({labels}{more}): {'; '.join(reasons)}")
-    total = sum(counts.values())
+def _message(source: str, sg: TFLiteSubgraph, problems: list[tuple[TFLiteOperator, str]]) -> str:
+    reasons: dict[str, set[str]] = {}
+    for op, why in problems:
+        reasons.setdefault(op.display_name, set()).add(why)
+    total = len(problems)
     return (
         f"{source}: {total} TFLite op{'s' if total != 1 else ''} cannot be converted to ONNX: "
-        + " | ".join(parts)
+        + list_ops(
+            _op_list(sg, problems),
+            reasons={name: "; ".join(sorted(whys)) for name, whys in reasons.items()},
+        )
     )

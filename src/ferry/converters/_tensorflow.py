@@ -40,13 +40,28 @@ import shutil
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ferry.converters.base import Converted, ConvertOptions, ReferenceFn, type_modules
+from ferry.converters._base import (
+    DEFAULT_BATCH,
+    Converted,
+    ConvertOptions,
+    ReferenceFn,
+    as_array,
+    check_input_options,
+    describe_feeds,
+    example_items,
+    exporter_opset,
+    first_line,
+    list_ops,
+    name_examples,
+    require_inputs,
+    type_modules,
+)
 from ferry.errors import (
     BackendUnavailableError,
     ConversionError,
@@ -65,7 +80,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_OPSET = 17
 #: The SavedModel signature converted unless another is named.
 DEFAULT_SIGNATURE = "serving_default"
-DEFAULT_BATCH = "batch"
 
 _INSTALL = "pip install 'ferry[tensorflow]'"
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
@@ -79,7 +93,6 @@ _TF_NAME = re.compile(r"[A-Za-z0-9.][A-Za-z0-9_.\-]*")
 _TF2ONNX_DIM = re.compile(r"unk__\d+")
 # ORT's contrib ops: tf2onnx emits them only for extra opsets it is asked for, and ORT runs them.
 _RUNNABLE_CUSTOM_DOMAINS = ("com.microsoft",)
-_NAMES_SHOWN = 5
 
 
 @dataclasses.dataclass
@@ -170,7 +183,7 @@ class TensorFlowConverter:
         except Exception as e:  # whatever the model's own code raises while tracing
             raise ConversionError(
                 f"TensorFlow cannot trace {src.label} for inputs {_describe_inputs(inputs)}: "
-                f"{type(e).__name__}: {_short(e)}; pass input_shapes (or example_inputs) that "
+                f"{type(e).__name__}: {first_line(e)}; pass input_shapes (or example_inputs) that "
                 "the model accepts"
             ) from e
         output_order = [str(k) for k in concrete.structured_outputs]
@@ -186,13 +199,13 @@ class TensorFlowConverter:
                     else ""
                 )
                 raise ConversionError(
-                    f"tf2onnx failed to convert {src.label}: {type(e).__name__}: {_short(e)}{hint}"
+                    f"tf2onnx failed to convert {src.label}: {type(e).__name__}: {first_line(e)}{hint}"
                 ) from e
-        _raise_unsupported(proto, log.records, src.label, opset, concrete)
 
         import onnx_ir as ir
 
         model = ir.from_proto(proto)
+        _raise_unsupported(model, log.records, src.label, opset, concrete)
         _fix_interface(model, inputs, output_order, symbols, src.batch_first)
         reference = _make_reference(tf, src, inputs)
         logger.debug("converted %s: %d nodes at opset %d", src.label, len(model.graph), opset)
@@ -220,7 +233,7 @@ class TensorFlowConverter:
             loaded = tf.saved_model.load(str(path))
         except Exception as e:  # protobuf parse errors, missing variables, unknown custom ops
             raise ModelLoadError(
-                f"cannot load the SavedModel {path}: {type(e).__name__}: {_short(e)} (a model "
+                f"cannot load the SavedModel {path}: {type(e).__name__}: {first_line(e)} (a model "
                 "with custom ops needs their library loaded, tf.load_op_library, first)"
             ) from e
         return self._from_signatures(loaded, str(path), notes)
@@ -386,7 +399,7 @@ def _keras_load_message(path: Path, e: BaseException, version: str) -> str:
     # Keras puts the cause after a long preamble (and the config) in its message, or in the
     # exception's context; search all of it.
     full = f"{e}\n{e.__cause__ or ''}\n{e.__context__ or ''}"
-    text = _short(e)
+    text = first_line(e)
     if "safe_mode" in full or "unsafe" in full.lower():
         return (
             f"{path} holds Python code (a Lambda layer), which Keras only loads when told to: it "
@@ -445,6 +458,7 @@ def _from_keras(
     model_name = _safe_attr(model, "name")
     what = f"Keras {type(model).__name__}" + (f" {model_name!r}" if model_name else "")
     label = f"{where} ({what})" if where else f"the {what}"
+    keys = [k for k, _ in example_items(options.example_inputs) if k is not None]
     keras_inputs = _keras_inputs(model)
     if keras_inputs:
         inputs = [
@@ -461,12 +475,11 @@ def _from_keras(
         # Subclassed models and unbuilt Sequentials know their inputs only once called.
         inputs = _inputs_from_options(options, label, keras=True, notes=notes)
         structure = None
-        by_name = isinstance(options.example_inputs, Mapping)
+        by_name = bool(keys)
     _unique(inputs, label)
     output_names = [str(n) for n in (_safe_attr(model, "output_names") or [])]
     # A model called with a dict gets the user's own keys, whatever the inputs are named.
-    given = options.example_inputs
-    names = [str(k) for k in given] if isinstance(given, Mapping) else [i.name for i in inputs]
+    names = keys or [i.name for i in inputs]
 
     def call(*args: Any) -> dict[str, Any]:
         x = _keras_call_args(tf, args, names, by_name, structure)
@@ -605,12 +618,11 @@ def _inputs_from_options(
     """Inputs of a source that does not declare them: from example inputs, else input shapes."""
     import tensorflow as tf
 
-    example = options.example_inputs
-    if example is not None:
-        named = _named_examples(example, None)
+    if options.example_inputs is not None:
+        named = example_items(options.example_inputs)
         inputs = []
         for i, (key, value) in enumerate(named):
-            arr = _as_array(value, key or f"#{i}")
+            arr = as_array(value, key or f"#{i}")
             default = params[i] if i < len(params) else None
             name = _tf_name(key or default, i, len(named))
             dtype = arr.dtype
@@ -634,28 +646,6 @@ def _inputs_from_options(
         "without input_signature): pass example_inputs, or input_shapes such as "
         "{'input': ('batch', 224, 224, 3)} (float32)"
     )
-
-
-def _named_examples(example: Any, names: Sequence[str] | None) -> list[tuple[str | None, Any]]:
-    if isinstance(example, Mapping):
-        return [(str(k), v) for k, v in example.items()]
-    if isinstance(example, (list, tuple)) and not _is_scalar_list(example):
-        return [(names[i] if names and i < len(names) else None, v) for i, v in enumerate(example)]
-    return [(names[0] if names else None, example)]
-
-
-def _is_scalar_list(value: Sequence[Any]) -> bool:
-    # [[1.0, 2.0]] is one array written as lists, (a, b) of arrays is two inputs.
-    return all(isinstance(v, (int, float, bool)) for v in value) or all(
-        isinstance(v, (list, tuple)) for v in value
-    )
-
-
-def _as_array(value: Any, name: str) -> np.ndarray:
-    try:
-        return np.asarray(value)
-    except Exception as e:  # ragged lists, objects numpy cannot hold
-        raise InvalidInputError(f"example input {name!r} is not an array: {_short(e)}") from e
 
 
 def _dtype_name(dtype: Any) -> Any:
@@ -714,16 +704,7 @@ def _apply_shapes(
     ]
     by_name = {i.name: i for i in inputs}
     symbols: dict[tuple[str, int], str] = {}
-    for what, given in (
-        ("input_shapes", options.input_shapes),
-        ("dynamic_axes", options.dynamic_axes),
-    ):
-        unknown = sorted(set(given or {}) - set(by_name))
-        if unknown:
-            raise InvalidInputError(
-                f"{what} names {unknown}, which {src.label} does not have; its inputs are "
-                f"{sorted(by_name)}"
-            )
+    check_input_options(options, list(by_name), src.label)
     for name, shape in (options.input_shapes or {}).items():
         item = by_name[name]
         dims = list(shape)
@@ -770,24 +751,16 @@ def _sample_inputs(
     if options.example_inputs is None:
         return None
     names = [i.name for i in inputs]
-    named = _named_examples(options.example_inputs, names)
-    if isinstance(options.example_inputs, Mapping):
-        named = [(_tf_name(k, 0, 1) if k not in names else k, v) for k, v in named]
-        keys = [k for k, _ in named]
-        if sorted(map(str, keys)) != sorted(names):
-            raise InvalidInputError(
-                f"example_inputs names {sorted(map(str, keys))}; the model's inputs are {names}"
-            )
-    elif len(named) != len(inputs):
-        raise InvalidInputError(
-            f"{len(named)} example inputs given; the model takes {len(inputs)} ({', '.join(names)})"
-        )
+    examples: Any = options.example_inputs
+    items = example_items(examples)
+    if items and items[0][0] is not None:
+        # A key may spell an input as the source does (``image:0``); the input is named after it.
+        examples = {k if k in names else _tf_name(k, 0, 1): v for k, v in items}
     by_name = {i.name: i for i in inputs}
     sample: dict[str, np.ndarray] = {}
-    for given, value in named:
-        key = str(given)  # every example has a name by now: its key, or its input's by position
+    for key, value in name_examples(examples, names).items():
         item = by_name[key]
-        arr = _as_array(value, key)
+        arr = as_array(value, key)
         want = np.dtype(item.dtype.as_numpy_dtype)
         if arr.dtype != want:
             if not np.can_cast(arr.dtype, want, casting="same_kind"):
@@ -813,15 +786,10 @@ def _spec(tf: Any, item: _Input) -> Any:
 
 
 def _opset(tf2onnx: Any, requested: int | None, notes: list[str]) -> int:
-    newest = max(tf2onnx.constants.OPSET_TO_IR_VERSION)
+    newest = int(max(tf2onnx.constants.OPSET_TO_IR_VERSION))
     if requested is None:
         return min(DEFAULT_OPSET, newest)
-    if requested > newest:
-        notes.append(
-            f"tf2onnx writes opsets up to {newest}: converted at {newest}, then to {requested}"
-        )
-        return int(newest)
-    return int(requested)
+    return exporter_opset(requested, notes, exporter="tf2onnx", newest=newest)
 
 
 def _describe_inputs(inputs: Sequence[_Input]) -> str:
@@ -907,7 +875,7 @@ class _Tf2onnxLog(logging.Handler):
 
 
 def _raise_unsupported(
-    proto: Any, records: Sequence[logging.LogRecord], label: str, opset: int, concrete: Any
+    model: Any, records: Sequence[logging.LogRecord], label: str, opset: int, concrete: Any
 ) -> None:
     """Raise UnsupportedOpError naming every node tf2onnx could not convert, if there is one."""
     failed: dict[str, tuple[str, str | None]] = {}  # node name -> (TF op, why its handler failed)
@@ -917,26 +885,22 @@ def _raise_unsupported(
             failed.setdefault(str(args[0]), (str(args[1]), None))
         elif record.msg.startswith("Failed to convert node") and args:
             node = str(args[0])
-            why = _short(record.exc_info[1]) if record.exc_info and record.exc_info[1] else None
+            why = first_line(record.exc_info[1]) if record.exc_info and record.exc_info[1] else None
             failed[node] = (_tf_op_type(concrete, node, args), why)
     # Whatever the log said, a node ONNX does not know would fail later: count it too.
-    for node in _walk_nodes(proto.graph):
-        if node.name not in failed and not _known_op(node, proto):
-            failed[node.name] = (node.op_type, None)
+    for node in model.graph.all_nodes():
+        name = node.name or ""
+        if name not in failed and not _known_op(node, model.opset_imports):
+            failed[name] = (node.op_type, None)
     if not failed:
         return
-    by_op: dict[str, list[str]] = {}
+    ops = [(op, node) for node, (op, _) in failed.items()]
+    by_op = dict.fromkeys(op for op, _ in ops)
     reasons: dict[str, str] = {}
-    for node, (op, why) in failed.items():
-        by_op.setdefault(op, []).append(node)
+    for op, why in failed.values():
         if why and op not in reasons:
             reasons[op] = why
-    parts = []
-    for op, nodes in sorted(by_op.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        shown = ", ".join(nodes[:_NAMES_SHOWN])
-        more = f", +{len(nodes) - _NAMES_SHOWN} more" if len(nodes) > _NAMES_SHOWN else ""
-        why = f"; tf2onnx failed: {reasons[op]}" if op in reasons else ""
-        parts.append(f"{op} x{len(nodes)} ({shown}{more}{why})")
+    listed = list_ops(ops, reasons={op: f"tf2onnx failed: {why}" for op, why in reasons.items()})
     needs = {op: n for op in by_op if (n := _min_opset(op)) is not None and n > opset}
     advice = []
     if needs:
@@ -959,24 +923,12 @@ def _raise_unsupported(
     what_to_do = "; ".join(advice)
     raise UnsupportedOpError(
         f"{label}: tf2onnx cannot convert {len(failed)} TensorFlow node(s) of {len(by_op)} op "
-        f"type(s) to ONNX opset {opset}: {'; '.join(parts)}. "
-        f"{what_to_do[:1].upper()}{what_to_do[1:]}",
-        ops=[(op, node) for node, (op, _) in failed.items()],
+        f"type(s) to ONNX opset {opset}: {listed}. {what_to_do[:1].upper()}{what_to_do[1:]}",
+        ops=ops,
     )
 
 
-def _walk_nodes(graph: Any) -> Iterator[Any]:
-    """Every node of an ONNX GraphProto, subgraphs (Loop/If bodies) included."""
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.HasField("g"):
-                yield from _walk_nodes(attr.g)
-            for sub in attr.graphs:
-                yield from _walk_nodes(sub)
-
-
-def _known_op(node: Any, proto: Any) -> bool:
+def _known_op(node: Any, opsets: Mapping[str, int]) -> bool:
     import onnx
 
     domain = node.domain or ""
@@ -984,7 +936,7 @@ def _known_op(node: Any, proto: Any) -> bool:
         return True
     if domain not in ("", "ai.onnx", "ai.onnx.ml"):
         return False
-    versions = {o.domain or "": o.version for o in proto.opset_import}
+    versions = {d or "": v for d, v in opsets.items()}
     version = versions.get(domain, versions.get("ai.onnx" if domain == "" else "", 0))
     try:
         onnx.defs.get_schema(node.op_type, max_inclusive_version=version, domain=domain)
@@ -1065,7 +1017,8 @@ def _fix_interface(
     # tf2onnx names every unknown dim afresh (unk__12, unk__13...): that says nothing, and two
     # names for what is one batch dim would mislead. Shape inference names them from the inputs.
     graph_inputs = set(graph.inputs)
-    for value in _all_values(graph):
+    values = [*graph.outputs, *(v for node in graph.all_nodes() for v in node.outputs)]
+    for value in values:
         if value in graph_inputs or value.shape is None:
             continue
         if any(
@@ -1082,14 +1035,6 @@ def _fix_interface(
             )
 
 
-def _all_values(graph: Any) -> Iterator[Any]:
-    import onnx_ir as ir
-
-    yield from graph.outputs
-    for node in ir.traversal.RecursiveGraphIterator(graph):
-        yield from node.outputs
-
-
 # --- reference -------------------------------------------------------------------------------
 
 
@@ -1098,25 +1043,15 @@ def _make_reference(tf: Any, src: _Source, inputs: Sequence[_Input]) -> Referenc
     dtypes = [i.dtype for i in inputs]
 
     def reference(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        missing = [n for n in names if n not in feeds]
-        if missing:
-            raise InvalidInputError(f"missing inputs {missing}; {src.label} takes {names}")
+        require_inputs(feeds, names, src.label)
         tensors = [tf.convert_to_tensor(feeds[n], dtype=d) for n, d in zip(names, dtypes)]
         try:
             result = src.call(*tensors)
         except Exception as e:  # the source's own failure on these inputs
             raise ExecutionError(
-                f"{src.label} failed on inputs {_feed_text(feeds)}: {type(e).__name__}: {_short(e)}"
+                f"{src.label} failed on inputs {describe_feeds(feeds)}: {type(e).__name__}: "
+                f"{first_line(e)}"
             ) from e
         return {k: np.asarray(v) for k, v in result.items()}
 
     return reference
-
-
-def _feed_text(feeds: Mapping[str, np.ndarray]) -> str:
-    return ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in feeds.items())
-
-
-def _short(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:500] if text else type(e).__name__

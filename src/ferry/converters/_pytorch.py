@@ -40,7 +40,19 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import numpy as np
 
-from ferry.converters.base import Converted, ConvertOptions, type_modules
+from ferry.converters._base import (
+    Converted,
+    ConvertOptions,
+    check_names,
+    example_items,
+    exporter_opset,
+    first_line,
+    list_ops,
+    name_examples,
+    require_inputs,
+    strip_colors,
+    type_modules,
+)
 from ferry.errors import (
     BackendUnavailableError,
     ConversionError,
@@ -101,7 +113,6 @@ _WEIGHTS_ONLY_GLOBALS = frozenset(
 )
 
 _FileKind = Literal["pt2", "torchscript", "checkpoint"]
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class PyTorchConverter:
@@ -184,27 +195,21 @@ class PyTorchConverter:
                 "TorchScript archive (torch.jit.save) or a torch.save checkpoint"
             )
         if kind == "pt2":
-            _require_trust(path, options, "a torch.export archive", "torch.export.load")
-            try:
-                with _quiet_exporter():
-                    program = torch.export.load(path)
-            except Exception as e:  # corrupt archive, newer torch, AOTInductor-only package...
-                raise ModelLoadError(
-                    f"cannot load {path} with torch.export.load: {_first_line(e)}"
-                ) from e
-            return _convert_program(
-                program, options, [f"loaded {path.name} with torch.export.load"]
+            loader = "torch.export.load"
+            program = _load_archive(
+                path, options, "a torch.export archive", loader, lambda: torch.export.load(path)
             )
+            return _convert_program(program, options, [f"loaded {path.name} with {loader}"])
         if kind == "torchscript":
-            _require_trust(path, options, "a TorchScript archive", "torch.jit.load")
-            try:
-                with _quiet_exporter():
-                    script = torch.jit.load(path, map_location="cpu")
-            except Exception as e:  # unknown custom op classes, corrupt archive...
-                raise ModelLoadError(
-                    f"cannot load {path} with torch.jit.load: {_first_line(e)}"
-                ) from e
-            return _convert_script(script, options, [f"loaded {path.name} with torch.jit.load"])
+            loader = "torch.jit.load"
+            script = _load_archive(
+                path,
+                options,
+                "a TorchScript archive",
+                loader,
+                lambda: torch.jit.load(path, map_location="cpu"),
+            )
+            return _convert_script(script, options, [f"loaded {path.name} with {loader}"])
         model, notes = _load_checkpoint(path, options)
         return self._convert_object(model, options, notes)
 
@@ -324,7 +329,7 @@ def _convert_script(script: Any, options: ConvertOptions, notes: list[str]) -> C
             example_out = script(*args)
         except Exception as e:
             raise InvalidInputError(
-                f"the TorchScript model fails on the example inputs: {_first_line(e)}"
+                f"the TorchScript model fails on the example inputs: {first_line(e)}"
             ) from e
     paths = _tree_paths(example_out)
     output_names = _output_names(paths)
@@ -338,10 +343,14 @@ def _convert_script(script: Any, options: ConvertOptions, notes: list[str]) -> C
             f"does not have; inputs: {', '.join(input_names or ())}; outputs: "
             f"{', '.join(output_names)}"
         )
-    opset = options.opset if options.opset in _TORCHSCRIPT_OPSETS else _TORCHSCRIPT_DEFAULT_OPSET
-    if options.opset is not None and options.opset != opset:
-        notes.append(
-            f"the TorchScript exporter built opset {opset}; ferry converts it to {options.opset}"
+    opset = _TORCHSCRIPT_DEFAULT_OPSET
+    if options.opset is not None:
+        opset = exporter_opset(
+            options.opset,
+            notes,
+            exporter="torch's TorchScript exporter",
+            oldest=_TORCHSCRIPT_OPSETS[0],
+            newest=_TORCHSCRIPT_OPSETS[-1],
         )
     export = dict(
         input_names=input_names,
@@ -358,7 +367,7 @@ def _convert_script(script: Any, options: ConvertOptions, notes: list[str]) -> C
             ops = _torchscript_unsupported(script, args, export, e)
             raise UnsupportedOpError(_unsupported_message(ops, "TorchScript"), ops) from e
         raise ConversionError(
-            f"torch's TorchScript exporter cannot convert the model: {_first_line(e)}"
+            f"torch's TorchScript exporter cannot convert the model: {first_line(e)}"
         ) from e
     notes.append(
         "exported with torch's TorchScript exporter (the torch.export-based one does "
@@ -401,22 +410,12 @@ def _script_example(names: list[str], options: ConvertOptions) -> tuple[Any, ...
                 "--example-input NAME=FILE.npy), or input_shapes for float32 inputs (CLI: "
                 "--shape NAME=DIMS)"
             )
-        _check_names(options.input_shapes, names, "input_shapes")
+        check_names(options.input_shapes, names, "input_shapes", "the TorchScript model")
         example = {
             n: _random_input(n, options.input_shapes[n]) for n in names if n in options.input_shapes
         }
-    if isinstance(example, Mapping):
-        _check_names(example, names, "example_inputs")
-        given = [n for n in names if n in example]
-        if given != names[: len(given)]:
-            raise InvalidInputError(
-                "TorchScript inputs are positional: give example inputs for the first "
-                f"{len(given)} arguments ({', '.join(names[: len(given)])}), got {', '.join(given)}"
-            )
-        return tuple(_to_torch(example[n]) for n in given)
-    if isinstance(example, (tuple, list)):
-        return tuple(_to_torch(x) for x in example)
-    return (_to_torch(example),)
+    named = name_examples(example, names, model="the TorchScript model", leading=True)
+    return tuple(_to_torch(x) for x in named.values())
 
 
 @contextlib.contextmanager
@@ -478,7 +477,7 @@ def _torchscript_unsupported(
             **export,
             operator_export_type=torch.onnx.OperatorExportTypes.ONNX_FALLTHROUGH,
         )
-        for node in _all_nodes(model.graph):
+        for node in model.graph.all_nodes():
             if node.domain in ("", "ai.onnx"):
                 continue
             namespace = "aten" if node.domain == "org.pytorch.aten" else node.domain
@@ -525,13 +524,9 @@ def _dynamo_export(
 
 
 def _dynamo_opset(requested: int | None, notes: list[str]) -> int | None:
-    if requested is not None and requested < _DYNAMO_MIN_OPSET:
-        notes.append(
-            f"torch's exporter builds opset {_DYNAMO_MIN_OPSET} or newer; exported at "
-            f"{_DYNAMO_MIN_OPSET}, ferry converts it down to {requested}"
-        )
-        return _DYNAMO_MIN_OPSET
-    return requested
+    if requested is None:
+        return None  # the exporter's own default
+    return exporter_opset(requested, notes, exporter="torch's exporter", oldest=_DYNAMO_MIN_OPSET)
 
 
 def _raise_export_error(
@@ -597,15 +592,9 @@ def _ops_from_message(message: str) -> list[tuple[str, str]]:
 
 def _unsupported_message(ops: list[tuple[str, str]], exporter: str) -> str:
     torch = _import_torch()
-    by_op: dict[str, list[str]] = {}
-    for op, node in ops:
-        by_op.setdefault(op, []).append(node)
-    listed = "; ".join(
-        f"{op} x{len(nodes)} ({', '.join(nodes[:5])}{', ...' if len(nodes) > 5 else ''})"
-        for op, nodes in by_op.items()
-    )
+    listed = list_ops(ops)
     return (
-        f"cannot convert to ONNX: {len(by_op)} op(s) have no ONNX translation in {exporter} "
+        f"cannot convert to ONNX: {len({op for op, _ in ops})} op(s) have no ONNX translation in {exporter} "
         f"(torch {torch.__version__}): {listed or 'unknown (see the cause)'}. Rewrite them with "
         "supported torch ops, or export to ONNX yourself with a translation for them "
         "(torch.onnx.export's custom_translation_table) and convert that ONNX file"
@@ -615,7 +604,7 @@ def _unsupported_message(ops: list[tuple[str, str]], exporter: str) -> str:
 def _summary(error: BaseException) -> str:
     """The useful part of an exporter error: the exception chain of its 'Exception summary' (one
     ``Type: message`` per link), else the innermost cause's first line."""
-    text = _ANSI.sub("", str(error))
+    text = strip_colors(str(error))
     found: list[tuple[str, str]] = []
     if "## Exception summary" in text:
         body = text.split("## Exception summary", 1)[1]
@@ -626,7 +615,7 @@ def _summary(error: BaseException) -> str:
             for name, message in found
         )
     else:
-        summary = _first_line(_causes(error)[-1])
+        summary = first_line(_causes(error)[-1])
     return summary if len(summary) <= 600 else summary[:600] + "..."
 
 
@@ -654,18 +643,19 @@ def _module_example(
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     names = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params)
+    what = type(module).__name__
     example = options.example_inputs
     if example is None:
         if not options.input_shapes:
             raise InvalidInputError(
-                f"converting the {type(module).__name__} module needs example inputs: "
+                f"converting the {what} module needs example inputs: "
                 "torch.export traces forward() with them. Pass example_inputs to ferry.convert "
                 f"(a dict by forward() argument name ({', '.join(names)}), a tuple, or one "
                 "array; CLI, for a pickled module: --example-input NAME=FILE.npy), or "
                 "input_shapes for float32 inputs (CLI: --shape NAME=DIMS)"
             )
         if not takes_kwargs:
-            _check_names(options.input_shapes, names, "input_shapes")
+            check_names(options.input_shapes, names, "input_shapes", f"{what}.forward()")
         example = {
             n: _random_input(n, shape)
             for n, shape in sorted(
@@ -673,11 +663,13 @@ def _module_example(
                 key=lambda item: names.index(item[0]) if item[0] in names else len(names),
             )
         }
-    if isinstance(example, Mapping):
+    items = example_items(example)
+    if items and items[0][0] is not None:
+        given = {str(n): v for n, v in items}
         if not takes_kwargs:
-            _check_names(example, names, "example_inputs")
-        ordered = {n: example[n] for n in names if n in example}
-        ordered.update({n: v for n, v in example.items() if n not in ordered})
+            check_names(given, names, "example_inputs", f"{what}.forward()")
+        ordered = {n: given[n] for n in names if n in given}
+        ordered.update({n: v for n, v in given.items() if n not in ordered})
         converted = {n: _to_torch(v) for n, v in ordered.items()}
         try:
             bound = inspect.Signature(params).bind_partial(**converted)
@@ -685,9 +677,7 @@ def _module_example(
             raise InvalidInputError(f"example_inputs do not fit forward(): {e}") from e
         # Positional where the signature allows: torch.export names inputs either way.
         return tuple(bound.args), dict(bound.kwargs)
-    if isinstance(example, (tuple, list)):
-        return tuple(_to_torch(x) for x in example), {}
-    return (_to_torch(example),), {}
+    return tuple(_to_torch(x) for _, x in items), {}
 
 
 def _bind(
@@ -821,7 +811,7 @@ def _rename_dims(model: ir.Model, renames: Mapping[str, str]) -> None:
 
     graph = model.graph
     values: list[ir.Value] = [*graph.inputs, *graph.outputs]
-    for node in _all_nodes(graph):
+    for node in graph.all_nodes():
         values.extend(node.outputs)
 
     def renamed(dim: int | ir.SymbolicDim) -> int | ir.SymbolicDim:
@@ -833,15 +823,6 @@ def _rename_dims(model: ir.Model, renames: Mapping[str, str]) -> None:
         shape = value.shape
         if shape is not None and any(renamed(d) is not d for d in shape.dims):
             value.shape = ir.Shape([renamed(d) for d in shape.dims])
-
-
-def _check_names(given: Mapping[str, Any], names: Sequence[str], what: str) -> None:
-    unknown = [n for n in given if n not in names]
-    if unknown:
-        raise InvalidInputError(
-            f"{what} names {', '.join(map(repr, unknown))}, which the model does not take; its "
-            f"inputs are: {', '.join(names) or '(none)'}"
-        )
 
 
 def _random_input(name: str, shape: Sequence[int | str]) -> np.ndarray:
@@ -985,11 +966,7 @@ class _Binder:
     def bind(self, feeds: Mapping[str, np.ndarray]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         from torch.utils import _pytree as pytree
 
-        missing = [n for n in self.names if n not in feeds]
-        if missing:
-            raise InvalidInputError(
-                f"missing input(s) {', '.join(missing)} for the torch reference"
-            )
+        require_inputs(feeds, self.names, "the torch reference")
         leaves = list(self.leaves)
         for name, slot in zip(self.names, self.slots):
             leaves[slot] = _to_torch(np.asarray(feeds[name]))
@@ -1004,7 +981,7 @@ def _program_example(program: Any, options: ConvertOptions, names: list[str]) ->
 
     example = options.example_inputs
     if example is None and options.input_shapes:
-        _check_names(options.input_shapes, names, "input_shapes")
+        check_names(options.input_shapes, names, "input_shapes", "the ExportedProgram")
         if set(options.input_shapes) != set(names):
             return None
         example = {n: _random_input(n, options.input_shapes[n]) for n in names}
@@ -1013,14 +990,12 @@ def _program_example(program: Any, options: ConvertOptions, names: list[str]) ->
         if stored is None:
             return None
         return [x for x in pytree.tree_leaves(stored) if isinstance(x, torch.Tensor)]
-    if isinstance(example, Mapping):
-        _check_names(example, names, "example_inputs")
-        missing = [n for n in names if n not in example]
-        if missing:
-            raise InvalidInputError(f"example_inputs lacks {', '.join(missing)}")
-        return [_to_torch(example[n]) for n in names]
-    leaves = example if isinstance(example, (tuple, list)) else [example]
-    return [x for x in pytree.tree_leaves(_to_torch(list(leaves))) if isinstance(x, torch.Tensor)]
+    items = example_items(example)
+    if items and items[0][0] is not None:
+        named = name_examples(example, names, model="the ExportedProgram")
+        return [_to_torch(named[n]) for n in names]
+    leaves = [x for _, x in items]
+    return [x for x in pytree.tree_leaves(_to_torch(leaves)) if isinstance(x, torch.Tensor)]
 
 
 def _converted(
@@ -1101,7 +1076,7 @@ def _rename_outputs(model: ir.Model, names: list[str], notes: list[str]) -> None
         )
         return
     taken = {v.name for v in graph.inputs} | set(graph.initializers)
-    for node in _all_nodes(graph):
+    for node in graph.all_nodes():
         taken.update(v.name for v in node.outputs)
     seen: set[int] = set()
     for value, name in zip(graph.outputs, names):
@@ -1142,12 +1117,6 @@ def _detach(model: ir.Model) -> None:
     detach_from_torch(model)
 
 
-def _all_nodes(graph: ir.Graph) -> Iterator[ir.Node]:
-    import onnx_ir as ir
-
-    yield from ir.traversal.RecursiveGraphIterator(graph)
-
-
 # --------------------------------------------------------------------------------------------
 # Files
 # --------------------------------------------------------------------------------------------
@@ -1182,12 +1151,20 @@ def _zip_kind(names: list[str]) -> _FileKind | None:
     return None
 
 
-def _require_trust(path: Path, options: ConvertOptions, what: str, loader: str) -> None:
+def _load_archive(
+    path: Path, options: ConvertOptions, what: str, loader: str, load: Callable[[], Any]
+) -> Any:
+    """``load()`` a torch archive (``what``, read by ``loader``), if the user trusts the file."""
     if not options.trust_pickle:
         raise ModelLoadError(
             f"{path} is {what}; {loader} unpickles data that can run arbitrary code, so ferry "
             "loads it only if you trust the file: pass --trust-pickle (trust_pickle=True)"
         )
+    try:
+        with _quiet_exporter():
+            return load()
+    except Exception as e:  # corrupt archive, newer torch, unknown custom op classes...
+        raise ModelLoadError(f"cannot load {path} with {loader}: {first_line(e)}") from e
 
 
 def _load_checkpoint(path: Path, options: ConvertOptions) -> tuple[Any, list[str]]:
@@ -1214,7 +1191,7 @@ def _load_checkpoint(path: Path, options: ConvertOptions) -> tuple[Any, list[str
             obj = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # a missing class (defined in a script that is not imported)...
         raise ModelLoadError(
-            f"cannot unpickle {path}: {_first_line(e)}. The model's class must be importable "
+            f"cannot unpickle {path}: {first_line(e)}. The model's class must be importable "
             "(import the module that defines it first, or pass the module object itself)"
         ) from e
     notes = [f"unpickled {path.name} with torch.load (trust_pickle)"]
@@ -1339,7 +1316,7 @@ def detach_from_torch(model: ir.Model) -> None:
     for value in model.graph.initializers.values():
         if value.const_value is not None and type(value.const_value) is not ir.Tensor:
             value.const_value = copy(value.const_value)
-    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+    for node in model.graph.all_nodes():
         for attr in node.attributes.values():
             if attr.type == ir.AttributeType.TENSOR and type(attr.value) is not ir.Tensor:
                 node.attributes[attr.name] = ir.AttrTensor(attr.name, copy(attr.as_tensor()))
@@ -1347,9 +1324,9 @@ def detach_from_torch(model: ir.Model) -> None:
 
 @contextlib.contextmanager
 def _quiet_exporter() -> Iterator[None]:
-    """Silences torch while it exports or loads: the zoo's silencer for log lines and warnings,
-    plus what torch prints itself (torch.export prints the partial graph to stderr when it
-    fails), which goes to this module's debug log instead.
+    """Silences torch while it exports or loads: :func:`silence_exporter_logs` for log lines and
+    warnings, plus what torch prints itself (torch.export prints the partial graph to stderr when
+    it fails), which goes to this module's debug log instead.
 
     The print capture swaps ``sys.stdout``/``sys.stderr`` for the process while it lasts, as
     ``contextlib.redirect_stdout`` does; conversions are one-off jobs, not served requests.
@@ -1365,8 +1342,3 @@ def _quiet_exporter() -> Iterator[None]:
     finally:
         if captured.getvalue().strip():
             logger.debug("torch printed while exporting:\n%s", captured.getvalue())
-
-
-def _first_line(error: BaseException) -> str:
-    lines = [line.strip() for line in _ANSI.sub("", str(error)).splitlines() if line.strip()]
-    return lines[0] if lines else type(error).__name__

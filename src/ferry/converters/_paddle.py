@@ -37,14 +37,29 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ferry.converters.base import Converted, ConvertOptions, ReferenceFn, type_modules
+from ferry.converters._base import (
+    DEFAULT_BATCH,
+    Converted,
+    ConvertOptions,
+    ReferenceFn,
+    as_array,
+    check_input_options,
+    describe_feeds,
+    example_items,
+    exporter_opset,
+    first_line,
+    list_ops,
+    name_examples,
+    require_inputs,
+    strip_colors,
+    type_modules,
+)
 from ferry.errors import (
     BackendUnavailableError,
     ConversionError,
@@ -68,7 +83,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_OPSET = 17
 #: The environment variable naming the Python that has ``paddle`` and ``paddle2onnx``.
 PADDLE_PYTHON_ENV = "FERRY_PADDLE_PYTHON"
-DEFAULT_BATCH = "batch"
 
 # paddle2onnx 2.1 writes opsets 7..21; a newer one is reached by ferry's opset conversion.
 _P2O_MIN_OPSET = 7
@@ -78,8 +92,6 @@ _LEGACY_SUFFIX = ".pdmodel"
 _PIR_SUFFIX = ".json"
 # How paddle2onnx names the dims it knows nothing about.
 _P2O_DIM = re.compile(r"DynamicDimension\.\d+")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_NAMES_SHOWN = 8
 
 _SETUP = (
     "paddle2onnx pins onnx<=1.17, so ferry runs it in a Python environment of its own: run "
@@ -298,7 +310,15 @@ def _convert_files(
     label = label or str(model_file)
     notes = list(notes or [])
     python = _paddle_python()
-    opset = _export_opset(options.opset, notes)
+    opset = DEFAULT_OPSET
+    if options.opset is not None:
+        opset = exporter_opset(
+            options.opset,
+            notes,
+            exporter="paddle2onnx",
+            oldest=_P2O_MIN_OPSET,
+            newest=_P2O_MAX_OPSET,
+        )
     with tempfile.TemporaryDirectory(prefix="ferry-paddle-") as tmp:
         work = Path(tmp)
         out = work / "model.onnx"
@@ -338,19 +358,6 @@ def _convert_files(
     return Converted(model=model, reference=reference, sample_inputs=sample, notes=notes)
 
 
-def _export_opset(requested: int | None, notes: list[str]) -> int:
-    if requested is None:
-        return DEFAULT_OPSET
-    if requested > _P2O_MAX_OPSET:
-        notes.append(
-            f"paddle2onnx writes opsets up to {_P2O_MAX_OPSET}: converted at {_P2O_MAX_OPSET}, "
-            f"then to {requested}"
-        )
-        return _P2O_MAX_OPSET
-    # Below 7 ferry's own opset conversion gives the error, with the range it supports.
-    return max(int(requested), _P2O_MIN_OPSET)
-
-
 def _raise_for_export(
     code: int,
     report: dict[str, Any],
@@ -382,19 +389,13 @@ def _raise_for_export(
         return
     unsupported = [tuple(op) for op in report.get("unsupported") or []]
     if unsupported and ("unsupported" in log.lower() or "not supported" in log.lower()):
-        counts = Counter(op for op, _ in unsupported)
-        listing = ", ".join(
-            f"{op} (x{n})" if n > 1 else op for op, n in sorted(counts.items())[:_NAMES_SHOWN]
-        )
-        more = len(counts) - _NAMES_SHOWN
-        if more > 0:
-            listing += f" and {more} more"
+        ops = [(str(op), str(node)) for op, node in unsupported]
         version = report.get("paddle2onnx_version", "")
         raise UnsupportedOpError(
-            f"paddle2onnx {version} cannot convert {len(counts)} op type(s) in {label} "
-            f"({len(unsupported)} node(s)): {listing}; replace them in the model (or export the "
+            f"paddle2onnx {version} cannot convert {len({op for op, _ in ops})} op type(s) in "
+            f"{label} ({len(ops)} node(s)): {list_ops(ops)}; replace them in the model (or export the "
             "layer without them), or convert with a newer paddle2onnx",
-            ops=[(str(op), str(node)) for op, node in unsupported],
+            ops=ops,
         )
     if error == "export" and report.get("message"):
         reason = str(report["message"])
@@ -412,7 +413,7 @@ def _exit_text(code: int) -> str:
 
 def _log_reason(log: str) -> str:
     """The lines of a worker's output that say what went wrong."""
-    lines = [_ANSI.sub("", line).strip() for line in log.splitlines()]
+    lines = [strip_colors(line).strip() for line in log.splitlines()]
     lines = [line for line in lines if line]
     picked = [
         line
@@ -437,16 +438,7 @@ def _fix_interface(model: Any, options: ConvertOptions) -> None:
 
     graph = model.graph
     inputs = {v.name: v for v in graph.inputs}
-    for what, given in (
-        ("input_shapes", options.input_shapes),
-        ("dynamic_axes", options.dynamic_axes),
-    ):
-        unknown = sorted(set(given or {}) - set(inputs))
-        if unknown:
-            raise InvalidInputError(
-                f"{what} names {unknown}, which the model does not have; its inputs are "
-                f"{sorted(inputs)}"
-            )
+    check_input_options(options, list(inputs))
 
     for value in graph.inputs:
         if value.shape is None:
@@ -549,11 +541,10 @@ def _sample_inputs(model: Any, examples: Any, notes: list[str]) -> dict[str, np.
     if examples is None:
         return None
     specs = _input_specs(model)
-    names = [name for name, _, _ in specs]
-    named = _named_examples(examples, names)
+    named = name_examples(examples, [name for name, _, _ in specs])
     sample: dict[str, np.ndarray] = {}
     for name, dtype, dims in specs:
-        arr = named[name]
+        arr = as_array(named[name], name)
         if dtype is not None and arr.dtype != dtype:
             if not np.can_cast(arr.dtype, dtype, casting="same_kind"):
                 raise InvalidInputError(
@@ -572,35 +563,6 @@ def _sample_inputs(model: Any, examples: Any, notes: list[str]) -> dict[str, np.
     return sample
 
 
-def _named_examples(examples: Any, names: Sequence[str]) -> dict[str, np.ndarray]:
-    """Example inputs (a dict by name, a sequence in input order, or one array) by input name."""
-    if isinstance(examples, Mapping):
-        keys = [str(k) for k in examples]
-        if sorted(keys) != sorted(names):
-            raise InvalidInputError(
-                f"example_inputs names {sorted(keys)}; the model's inputs are {list(names)}"
-            )
-        return {str(k): _as_array(v, str(k)) for k, v in examples.items()}
-    items = list(examples) if isinstance(examples, (list, tuple)) else [examples]
-    if len(items) != len(names):
-        raise InvalidInputError(
-            f"{len(items)} example input(s) given; the model takes {len(names)} "
-            f"({', '.join(names)})"
-        )
-    return {name: _as_array(v, name) for name, v in zip(names, items)}
-
-
-def _as_array(value: Any, name: str) -> np.ndarray:
-    try:
-        if not isinstance(value, np.ndarray) and callable(getattr(value, "numpy", None)):
-            value = value.numpy()  # a paddle.Tensor
-        return np.asarray(value)
-    except Exception as e:  # whatever the object's own conversion raises
-        raise InvalidInputError(
-            f"example input {name!r} ({type(value).__name__}) is not array-like: {e}"
-        ) from e
-
-
 # --- the reference ---------------------------------------------------------------------------
 
 
@@ -612,9 +574,7 @@ def _file_reference(
     output_names = [v.name for v in model.graph.outputs]
 
     def reference(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        missing = [n for n in input_names if n not in feeds]
-        if missing:
-            raise InvalidInputError(f"missing inputs {missing}; {label} takes {input_names}")
+        require_inputs(feeds, input_names, label)
         with tempfile.TemporaryDirectory(prefix="ferry-paddle-") as tmp:
             work = Path(tmp)
             arrays: dict[str, Any] = {n: np.asarray(feeds[n]) for n in input_names}
@@ -634,7 +594,7 @@ def _file_reference(
             if code != 0 or not report.get("ok"):
                 reason = str(report.get("message") or _log_reason(log))
                 raise ExecutionError(
-                    f"Paddle failed to run {label} on inputs {_feed_text(feeds)}: {reason}"
+                    f"Paddle failed to run {label} on inputs {describe_feeds(feeds)}: {reason}"
                 )
             with np.load(work / "outputs.npz") as data:
                 outputs = [np.array(data[f"out{i}"]) for i in range(int(report["count"]))]
@@ -653,10 +613,6 @@ def _by_output_name(
             f"{len(names)} ({', '.join(names)}); this is a bug in ferry or paddle2onnx"
         )
     return dict(zip(names, outputs))
-
-
-def _feed_text(feeds: Mapping[str, np.ndarray]) -> str:
-    return ", ".join(f"{k}: {np.asarray(v).dtype}{list(np.shape(v))}" for k, v in feeds.items())
 
 
 # --- paddle.nn.Layer -------------------------------------------------------------------------
@@ -731,19 +687,14 @@ def _layer_inputs(
     given = options.example_inputs
     examples: dict[str, np.ndarray] | None = None
     if given is not None:
-        if isinstance(given, Mapping):
-            keys = [str(k) for k in given]
-            names = [p for p in params if p in keys]
-            if sorted(names) != sorted(keys) or names != params[: len(names)]:
-                raise InvalidInputError(
-                    f"example_inputs names {keys}; {label}.forward takes {params} (give the "
-                    "leading ones, by name, or a tuple in order)"
-                )
-            examples = {n: _as_array(given[n], n) for n in names}
-        else:
-            items = list(given) if isinstance(given, (list, tuple)) else [given]
-            names = params[: len(items)] + [f"input_{i}" for i in range(len(params), len(items))]
-            examples = {n: _as_array(v, n) for n, v in zip(names, items)}
+        items = example_items(given)
+        # forward(*args) has no names to give: the extra inputs are numbered.
+        extra = [] if items and items[0][0] is not None else range(len(params), len(items))
+        named = name_examples(
+            given, [*params, *(f"input_{i}" for i in extra)], model=f"{label}.forward", leading=True
+        )
+        names = list(named)
+        examples = {n: as_array(v, n) for n, v in named.items()}
     elif options.input_shapes:
         keys = list(options.input_shapes)
         names = [p for p in params if p in keys] + [k for k in keys if k not in params]
@@ -751,13 +702,7 @@ def _layer_inputs(
         raise InvalidInputError(
             f"converting {label} needs example_inputs (or input_shapes) to trace it with"
         )
-    unknown = sorted(set(options.input_shapes or {}) - set(names))
-    unknown += sorted(set(options.dynamic_axes or {}) - set(names) - set(unknown))
-    if unknown:
-        raise InvalidInputError(
-            f"input_shapes/dynamic_axes name {unknown}, which are not inputs of {label}; its "
-            f"inputs are {names}"
-        )
+    check_input_options(options, names, label)
 
     dtypes: list[str] = []
     shapes: list[list[int | None]] = []
@@ -845,15 +790,13 @@ def _layer_reference(
     output_names = [v.name for v in model.graph.outputs]
 
     def reference(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        missing = [n for n in names if n not in feeds]
-        if missing:
-            raise InvalidInputError(f"missing inputs {missing}; {label} takes {list(names)}")
+        require_inputs(feeds, names, label)
         try:
             with _eval_mode(layer), paddle.no_grad():
                 result = layer(*[paddle.to_tensor(np.asarray(feeds[n])) for n in names])
         except Exception as e:  # the layer's own failure on these inputs
             raise ExecutionError(
-                f"{label} failed on inputs {_feed_text(feeds)}: {type(e).__name__}: {_short(e)}"
+                f"{label} failed on inputs {describe_feeds(feeds)}: {type(e).__name__}: {_short(e)}"
             ) from e
         return _by_output_name(_flatten(result), output_names, label)
 
@@ -876,12 +819,12 @@ def _spec_text(
 
 
 def _short(e: BaseException) -> str:
-    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-    for line in lines:
-        # Paddle's C++ errors read "(InvalidArgument) what happened" after a traceback dump.
+    # Paddle's C++ errors read "(InvalidArgument) what happened" after a traceback dump.
+    for line in str(e).splitlines():
+        line = line.strip()
         if line.startswith("(") or re.match(r"^\w+Error: ", line):
-            return line[:500]
-    return lines[0][:500] if lines else type(e).__name__
+            return first_line(line)
+    return first_line(e)
 
 
 # --- the worker ------------------------------------------------------------------------------
@@ -891,8 +834,8 @@ def _run_worker(
     python: Path, request: dict[str, Any], work: Path
 ) -> tuple[int, dict[str, Any], str]:
     """Run the worker on ``request`` in ``work``; returns (exit code, its report, its output)."""
-    # Run from a copy in the work folder: next to its source it would import our
-    # ferry/converters/onnx.py in place of the onnx package.
+    # Run from a copy in the work folder: Python puts the script's folder first on the import
+    # path, and nothing of ferry's beside its source may shadow a package it imports.
     script = work / "ferry_paddle_worker.py"
     script.write_text(_worker_source(), encoding="utf-8")
     report_path = work / "report.json"

@@ -17,7 +17,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import CheckerPass, ShapeInferencePass
 from onnxscript.version_converter import ConvertVersionPass
 
-from ferry.converters.base import Converted, ConvertOptions
+from ferry.converters._base import Converted, ConvertOptions, as_array, first_line, name_examples
 from ferry.errors import ConversionError
 
 __all__ = ["MIN_OPSET", "OnnxConverter", "check_model", "convert_onnx", "max_opset"]
@@ -65,7 +65,7 @@ def convert_onnx(model: ir.Model, *, opset: int | None = None) -> ir.Model:
             ConvertVersionPass(target_version=opset, fallback=True)(model)
         except Exception as e:  # the converters raise their own types; all mean "cannot convert"
             raise ConversionError(
-                f"cannot convert from opset {current} to {opset}: {_short(e)}; try a nearer opset"
+                f"cannot convert from opset {current} to {opset}: {first_line(e)}; try a nearer opset"
             ) from e
         finally:
             converter_log.setLevel(level)
@@ -98,7 +98,7 @@ def check_model(model: ir.Model) -> None:
         CheckerPass(full_check=True)(model)
     except Exception as e:  # ValidationError, InferenceError, or either wrapped in PassError
         cause = e.__cause__ or e
-        raise ConversionError(f"the model fails ONNX's checker: {_short(cause)}") from e
+        raise ConversionError(f"the model fails ONNX's checker: {first_line(cause)}") from e
     finally:
         for value, tensor in swapped.items():
             value.const_value = tensor
@@ -109,21 +109,16 @@ def _why_not(model: ir.Model, opset: int) -> str:
     try:
         onnx.version_converter.convert_version(ir.to_proto(model), opset)
     except Exception as e:  # its C++ asserts arrive as RuntimeError with a source path prefix
-        reason = _short(e)
+        reason = first_line(e)
         return reason.split(": ")[-1].replace("$", "") if ": " in reason else reason
     return "the version converter has no adapter for some op in this model"
-
-
-def _short(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
 
 
 class OnnxConverter:
     """ONNX sources: ``.onnx`` files, artifact folders, ``onnx.ModelProto``, ``onnx_ir.Model``.
 
     The reference is the original model on ONNX Runtime, so an opset conversion is verified
-    against the model as it was.
+    against the model as it was; example inputs, when given, are the inputs it is verified on.
     """
 
     name = "onnx"
@@ -156,4 +151,9 @@ class OnnxConverter:
         # The caller's in-memory model must come out of the conversion unchanged; a file or a
         # proto was just deserialized into a model of our own.
         model = original.clone() if original is source else original
-        return Converted(model=model, reference=reference)
+        samples = None
+        if options.example_inputs is not None:
+            names = [v.name or "" for v in model.graph.inputs]
+            named = name_examples(options.example_inputs, names)
+            samples = {name: as_array(value, name) for name, value in named.items()}
+        return Converted(model=model, reference=reference, sample_inputs=samples)

@@ -1,226 +1,41 @@
-"""Read a ``.tflite`` flatbuffer into plain dataclasses.
+"""Read a ``.tflite`` flatbuffer into plain data (the dataclasses of ``_tflite_schema``).
 
 The flatbuffer is walked once, eagerly, through the classes of the ``tflite`` package (generated
 from TFLite's ``schema.fbs``, pure Python). Reading eagerly means a corrupt or truncated file fails
-here, with the file named, rather than halfway through the translation; the constant buffers are
-kept as zero-copy numpy views of the file's bytes.
+here, with the file named, rather than halfway through a translation; the constant buffers are
+kept as zero-copy numpy views of the file's bytes. Sparse constants keep their compressed values;
+:func:`densify_tflite` expands them.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import inspect
-import re
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from ferry.errors import BackendUnavailableError, ModelLoadError
+from ferry.errors import ModelLoadError
+from ferry.formats._tflite_schema import (
+    TFLITE_DTYPES,
+    TFLITE_INT4,
+    TFLiteDimMetadata,
+    TFLiteModel,
+    TFLiteOperator,
+    TFLiteQuant,
+    TFLiteSchema,
+    TFLiteSparsity,
+    TFLiteSubgraph,
+    TFLiteTensor,
+    is_tflite,
+    option_fields,
+    tflite_schema,
+)
 
-__all__ = [
-    "FILE_IDENTIFIER",
-    "Model",
-    "Operator",
-    "Quant",
-    "Sparsity",
-    "Subgraph",
-    "Tensor",
-    "has_identifier",
-    "read_model",
-]
-
-#: The flatbuffer file identifier every ``.tflite`` file carries at bytes 4..8.
-FILE_IDENTIFIER = b"TFL3"
-
-# TFLite TensorType -> numpy dtype. INT4 is stored packed (two per byte) and unpacked on read.
-_NUMPY_TYPES: dict[int, np.dtype[Any]] = {
-    0: np.dtype("<f4"),  # FLOAT32
-    1: np.dtype("<f2"),  # FLOAT16
-    2: np.dtype("<i4"),  # INT32
-    3: np.dtype("u1"),  # UINT8
-    4: np.dtype("<i8"),  # INT64
-    6: np.dtype("?"),  # BOOL
-    7: np.dtype("<i2"),  # INT16
-    8: np.dtype("<c8"),  # COMPLEX64
-    9: np.dtype("i1"),  # INT8
-    10: np.dtype("<f8"),  # FLOAT64
-    11: np.dtype("<c16"),  # COMPLEX128
-    12: np.dtype("<u8"),  # UINT64
-    15: np.dtype("<u4"),  # UINT32
-    16: np.dtype("<u2"),  # UINT16
-    17: np.dtype("i1"),  # INT4, unpacked to one value per byte
-}
-
-#: TFLite TensorType codes by name, for messages.
-TYPE_NAMES = {
-    0: "float32",
-    1: "float16",
-    2: "int32",
-    3: "uint8",
-    4: "int64",
-    5: "string",
-    6: "bool",
-    7: "int16",
-    8: "complex64",
-    9: "int8",
-    10: "float64",
-    11: "complex128",
-    12: "uint64",
-    13: "resource",
-    14: "variant",
-    15: "uint32",
-    16: "uint16",
-    17: "int4",
-    18: "bfloat16",
-}
-
-INT4 = 17
+__all__ = ["densify_tflite", "read_tflite"]
 
 
-@dataclasses.dataclass(frozen=True)
-class Quant:
-    """Affine quantization of a tensor: ``real = scale * (q - zero_point)``.
-
-    Attributes:
-        scale: one scale per tensor or per channel (float32, 1-D).
-        zero_point: as many zero points as scales (int64, 1-D).
-        axis: the channel axis when there is more than one scale (``quantized_dimension``).
-    """
-
-    scale: np.ndarray
-    zero_point: np.ndarray
-    axis: int
-
-    @property
-    def per_channel(self) -> bool:
-        return self.scale.size > 1
-
-
-@dataclasses.dataclass(frozen=True)
-class DimMetadata:
-    """One dimension of a sparse tensor: dense, or compressed (CSR) by segments and indices."""
-
-    dense: bool
-    dense_size: int
-    segments: np.ndarray | None
-    indices: np.ndarray | None
-
-
-@dataclasses.dataclass(frozen=True)
-class Sparsity:
-    """How a constant tensor's values are stored compressed (TFLite's TACO-style format)."""
-
-    traversal_order: tuple[int, ...]
-    block_map: tuple[int, ...]
-    dims: tuple[DimMetadata, ...]
-
-
-@dataclasses.dataclass
-class Tensor:
-    """A TFLite tensor.
-
-    Attributes:
-        index: its index in the subgraph.
-        name: its name (made unique by the translator, not here).
-        type: the TFLite TensorType code.
-        shape: the static shape as stored; dims that ``signature`` leaves open are placeholders.
-        signature: ``shape_signature`` (-1 for an open dim), or None when the file has none.
-        data: the constant's values, shaped (None for activations); sparse constants keep
-            their compressed values here and describe them in ``sparsity``.
-        quant: affine quantization parameters, if any.
-        is_variable: a state tensor (LSTM states, variables), zero-initialised.
-        sparsity: the compression of a sparse constant.
-        has_rank: False when even the rank is unknown.
-        opaque: a constant whose values ferry cannot read (strings, resources).
-    """
-
-    index: int
-    name: str
-    type: int
-    shape: tuple[int, ...]
-    signature: tuple[int, ...] | None
-    data: np.ndarray | None
-    quant: Quant | None
-    is_variable: bool
-    sparsity: Sparsity | None
-    has_rank: bool = True
-    opaque: bool = False
-
-    @property
-    def type_name(self) -> str:
-        return TYPE_NAMES.get(self.type, f"type {self.type}")
-
-    @property
-    def dims(self) -> tuple[int | None, ...]:
-        """The shape with None for every dim the signature leaves open."""
-        if self.signature is None or len(self.signature) != len(self.shape):
-            return self.shape
-        return tuple(None if s < 0 else d for d, s in zip(self.shape, self.signature))
-
-    @property
-    def rank(self) -> int:
-        return len(self.shape)
-
-
-@dataclasses.dataclass
-class Operator:
-    """A TFLite operator.
-
-    Attributes:
-        index: its position in the subgraph (the execution order).
-        opcode: the builtin op's name (``"CONV_2D"``), or ``"CUSTOM"``.
-        custom_code: the custom op's name, for ``CUSTOM``.
-        version: the op's version in the file.
-        inputs: tensor indices, -1 for an omitted optional input.
-        outputs: tensor indices.
-        options: the builtin options as a dict with the schema's snake_case field names.
-        custom_options: the custom op's raw options.
-    """
-
-    index: int
-    opcode: str
-    custom_code: str | None
-    version: int
-    inputs: tuple[int, ...]
-    outputs: tuple[int, ...]
-    options: dict[str, Any]
-    custom_options: bytes | None
-
-    @property
-    def display_name(self) -> str:
-        """``CONV_2D`` or ``CUSTOM(Name)``: how the op is named to the user."""
-        return f"CUSTOM({self.custom_code})" if self.opcode == "CUSTOM" else self.opcode
-
-
-@dataclasses.dataclass
-class Subgraph:
-    """A TFLite subgraph: its tensors, operators and the indices of its inputs and outputs."""
-
-    index: int
-    name: str
-    tensors: list[Tensor]
-    inputs: tuple[int, ...]
-    outputs: tuple[int, ...]
-    operators: list[Operator]
-
-
-@dataclasses.dataclass
-class Model:
-    """A TFLite model."""
-
-    version: int
-    description: str
-    subgraphs: list[Subgraph]
-
-
-def has_identifier(data: bytes | bytearray | memoryview) -> bool:
-    """Whether ``data`` starts like a TFLite flatbuffer (the ``TFL3`` file identifier)."""
-    return len(data) >= 8 and bytes(data[4:8]) == FILE_IDENTIFIER
-
-
-def read_model(data: bytes, source: str) -> Model:
+def read_tflite(data: bytes, source: str) -> TFLiteModel:
     """Parse a TFLite flatbuffer.
 
     Args:
@@ -231,12 +46,12 @@ def read_model(data: bytes, source: str) -> Model:
         ModelLoadError: ``data`` is not a TFLite flatbuffer, or is corrupt or truncated.
         BackendUnavailableError: the ``tflite`` schema package is not installed.
     """
-    if not has_identifier(data):
+    if not is_tflite(data):
         raise ModelLoadError(
             f"{source} is not a TFLite model: it lacks the 'TFL3' flatbuffer identifier "
             "at bytes 4..8"
         )
-    schema = _schema()
+    schema = tflite_schema()
     try:
         return _Reader(schema, data).model()
     except ModelLoadError:
@@ -250,33 +65,23 @@ def read_model(data: bytes, source: str) -> Model:
         ) from e
 
 
-def _schema() -> Any:
-    try:
-        import tflite
-    except ImportError as e:
-        raise BackendUnavailableError(
-            "reading .tflite files needs the 'tflite' schema package: pip install 'ferry[tflite]'"
-        ) from e
-    return tflite
-
-
 class _Reader:
-    def __init__(self, schema: Any, data: bytes) -> None:
-        self.schema = schema
+    def __init__(self, schema: TFLiteSchema, data: bytes) -> None:
+        self.schema = schema.module
         self.data = data
-        self.root = schema.Model.GetRootAs(data, 0)
-        self.builtin_names = _builtin_names(schema)
-        self.options_classes = _options_classes(schema)
+        self.root = self.schema.Model.GetRootAs(data, 0)
+        self.builtin_names = schema.builtin_names
+        self.options_classes = schema.options_classes
         self._buffers: dict[int, np.ndarray | None] = {}
 
-    def model(self) -> Model:
+    def model(self) -> TFLiteModel:
         root = self.root
         codes = [self._opcode(root.OperatorCodes(i)) for i in range(root.OperatorCodesLength())]
         subgraphs = [self._subgraph(i, codes) for i in range(root.SubgraphsLength())]
         if not subgraphs:
             raise ModelLoadError("the TFLite model has no subgraph")
         description = root.Description()
-        return Model(
+        return TFLiteModel(
             version=int(root.Version()),
             description=description.decode("utf-8", "replace") if description else "",
             subgraphs=subgraphs,
@@ -289,7 +94,7 @@ class _Reader:
         custom = code.CustomCode()
         return name, custom.decode("utf-8", "replace") if custom else None, int(code.Version())
 
-    def _subgraph(self, index: int, codes: list[tuple[str, str | None, int]]) -> Subgraph:
+    def _subgraph(self, index: int, codes: list[tuple[str, str | None, int]]) -> TFLiteSubgraph:
         sg = self.root.Subgraphs(index)
         tensors = [self._tensor(sg.Tensors(i), i) for i in range(sg.TensorsLength())]
         count = len(tensors)
@@ -312,7 +117,7 @@ class _Reader:
                 start = int(op.LargeCustomOptionsOffset())
                 custom_options = self.data[start : start + int(op.LargeCustomOptionsSize())]
             operators.append(
-                Operator(
+                TFLiteOperator(
                     index=i,
                     opcode=name,
                     custom_code=custom,
@@ -329,7 +134,7 @@ class _Reader:
             if not 0 <= t < count:
                 raise ModelLoadError(f"subgraph {index} names tensor {t} out of range")
         name = sg.Name()
-        return Subgraph(
+        return TFLiteSubgraph(
             index=index,
             name=name.decode("utf-8", "replace") if name else "",
             tensors=tensors,
@@ -338,7 +143,7 @@ class _Reader:
             operators=operators,
         )
 
-    def _tensor(self, t: Any, index: int) -> Tensor:
+    def _tensor(self, t: Any, index: int) -> TFLiteTensor:
         name = t.Name()
         shape = _ints(t.ShapeAsNumpy())
         signature = _ints(t.ShapeSignatureAsNumpy()) if t.ShapeSignatureLength() else None
@@ -348,11 +153,11 @@ class _Reader:
         data = None
         opaque = False
         if raw is not None and raw.size:
-            if ttype in _NUMPY_TYPES:
+            if ttype in TFLITE_DTYPES:
                 data = _decode(raw, ttype, shape, sparse=sparsity is not None, index=index)
             else:  # strings, resources...: only an op that reads it can say whether it matters
                 opaque = True
-        return Tensor(
+        return TFLiteTensor(
             index=index,
             name=name.decode("utf-8", "replace") if name else f"tensor_{index}",
             type=ttype,
@@ -386,7 +191,7 @@ class _Reader:
         self._buffers[index] = data
         return data
 
-    def _quant(self, q: Any) -> Quant | None:
+    def _quant(self, q: Any) -> TFLiteQuant | None:
         if q is None or not q.ScaleLength():
             return None
         scale = np.asarray(q.ScaleAsNumpy(), dtype=np.float32).reshape(-1)
@@ -401,9 +206,9 @@ class _Reader:
             raise ModelLoadError(
                 f"quantization has {scale.size} scales but {zero.size} zero points"
             )
-        return Quant(scale=scale, zero_point=zero, axis=int(q.QuantizedDimension()))
+        return TFLiteQuant(scale=scale, zero_point=zero, axis=int(q.QuantizedDimension()))
 
-    def _sparsity(self, s: Any) -> Sparsity | None:
+    def _sparsity(self, s: Any) -> TFLiteSparsity | None:
         if s is None:
             return None
         dims = []
@@ -411,7 +216,7 @@ class _Reader:
             d = s.DimMetadata(i)
             dense = int(d.Format()) == 0
             dims.append(
-                DimMetadata(
+                TFLiteDimMetadata(
                     dense=dense,
                     dense_size=int(d.DenseSize()),
                     segments=None
@@ -422,7 +227,7 @@ class _Reader:
                     else self._index_vector(int(d.ArrayIndicesType()), d.ArrayIndices()),
                 )
             )
-        return Sparsity(
+        return TFLiteSparsity(
             traversal_order=_ints(s.TraversalOrderAsNumpy()),
             block_map=_ints(s.BlockMapAsNumpy()),
             dims=tuple(dims),
@@ -450,16 +255,16 @@ class _Reader:
             return {}
         obj = cls()
         obj.Init(table.Bytes, table.Pos)
-        return {name: _plain(getter(obj)) for name, getter in _fields(cls)}
+        return {name: _plain(getter(obj)) for name, getter in option_fields(cls)}
 
 
 def _decode(
     raw: np.ndarray, ttype: int, shape: tuple[int, ...], *, sparse: bool, index: int
 ) -> np.ndarray:
     """The constant's values from its buffer bytes, shaped (sparse ones stay flat)."""
-    dtype = _NUMPY_TYPES[ttype]
+    dtype = TFLITE_DTYPES[ttype]
     count = int(np.prod(shape)) if shape else 1
-    if ttype == INT4:
+    if ttype == TFLITE_INT4:
         packed = raw.view(np.uint8)
         low = (packed & 0x0F).astype(np.int8)
         high = (packed >> 4).astype(np.int8)
@@ -497,53 +302,73 @@ def _plain(value: Any) -> Any:
     return value
 
 
-@functools.lru_cache(maxsize=1)
-def _builtin_names(schema: Any) -> dict[int, str]:
-    ops = schema.BuiltinOperator
-    return {v: k for k, v in vars(ops).items() if not k.startswith("_") and isinstance(v, int)}
+# ---------------------------------------------------------------------------- sparse constants
 
 
-@functools.lru_cache(maxsize=1)
-def _options_classes(schema: Any) -> dict[int, type]:
-    union = schema.BuiltinOptions
-    classes = {}
-    for name, code in vars(union).items():
-        if name.startswith("_") or not isinstance(code, int) or code == 0:
-            continue
-        cls = getattr(schema, name, None)
-        if isinstance(cls, type):
-            classes[code] = cls
-    return classes
+def densify_tflite(
+    values: np.ndarray, sparsity: TFLiteSparsity, shape: Sequence[int]
+) -> np.ndarray:
+    """The dense array of ``shape`` that sparse ``values`` described by ``sparsity`` stand for.
 
+    TFLite stores a sparse tensor in a TACO-style format (``SparsityParameters`` in schema.fbs):
+    the dims are visited in ``traversal_order``; dims listed in ``block_map`` are also split into
+    blocks, whose inner dims come after the original ones; each visited dim is either DENSE (every
+    index) or SPARSE_CSR (``segments``/``indices`` list the present indices). The stored values
+    are the present elements in visiting order. This follows TFLite's own
+    ``FormatConverter::SparseToDense``.
 
-_SKIP = {"Init", "GetRootAs"}
-
-
-@functools.cache
-def _fields(cls: type) -> tuple[tuple[str, Any], ...]:
-    """(snake_case name, getter) for every field of a generated options class.
-
-    Scalar fields are methods taking only ``self``; vector fields come as ``X(j)`` with
-    ``XAsNumpy()`` and ``XLength()``, read whole through ``XAsNumpy``.
+    Raises:
+        ModelLoadError: the sparsity description does not fit the shape or the values.
     """
-    fields = []
-    members = dict(inspect.getmembers(cls, inspect.isfunction))
-    for name, fn in members.items():
-        if name.startswith("_") or name in _SKIP or name.startswith("GetRootAs"):
+    rank = len(shape)
+    order = list(sparsity.traversal_order) or list(range(rank))
+    block_map = list(sparsity.block_map)
+    levels = sparsity.dims
+    if len(order) != rank + len(block_map) or len(levels) != len(order):
+        raise ModelLoadError(
+            f"sparse tensor of shape {list(shape)}: traversal order {order}, block map "
+            f"{block_map} and {len(levels)} dim descriptions do not fit together"
+        )
+    block_sizes = [levels[order.index(rank + k)].dense_size for k in range(len(block_map))]
+    # Walk the levels breadth-first over all paths at once; expanding each path in place keeps
+    # the depth-first order in which the values are stored.
+    previous = np.zeros(1, dtype=np.int64)  # per path: its position in the level above
+    columns: list[np.ndarray] = []  # per level: the index each path takes there
+    for meta in levels:
+        if meta.dense:
+            size = meta.dense_size
+            columns = [np.repeat(c, size) for c in columns]
+            columns.append(np.tile(np.arange(size, dtype=np.int64), previous.size))
+            previous = (previous[:, None] * size + np.arange(size)).reshape(-1)
             continue
-        if name.endswith(("AsNumpy", "Length", "IsNone", "BufferHasIdentifier")):
-            continue
-        params = list(inspect.signature(fn).parameters)
-        if f"{name}AsNumpy" in members:
-            getter = members[f"{name}AsNumpy"]
-        elif len(params) == 1:
-            getter = fn
-        else:
-            continue  # a vector of tables: no builtin option the translators read has one
-        fields.append((_snake(name), getter))
-    return tuple(fields)
-
-
-def _snake(name: str) -> str:
-    # DilationHFactor -> dilation_h_factor, as the schema spells the field.
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
+        assert meta.segments is not None and meta.indices is not None
+        if previous.size and int(previous.max()) + 1 >= meta.segments.size:
+            raise ModelLoadError("a sparse tensor's segment array is too short")
+        starts = meta.segments[previous]
+        counts = meta.segments[previous + 1] - starts
+        if np.any(counts < 0):
+            raise ModelLoadError("a sparse tensor's segments are not ascending")
+        total = int(counts.sum())
+        first = np.cumsum(counts) - counts
+        children = np.repeat(starts - first, counts) + np.arange(total, dtype=np.int64)
+        if total and int(children.max()) >= meta.indices.size:
+            raise ModelLoadError("a sparse tensor's index array is too short")
+        columns = [np.repeat(c, counts) for c in columns]
+        columns.append(meta.indices[children])
+        previous = children
+    count = previous.size
+    if count > values.size:
+        raise ModelLoadError(
+            f"a sparse tensor lists {count} elements but stores {values.size} values"
+        )
+    original = [np.zeros(count, dtype=np.int64) for _ in range(rank)]
+    for level in range(rank):
+        original[order[level]] = columns[level]
+    for level in range(rank, len(order)):
+        block = order[level] - rank
+        dim = block_map[block]
+        original[dim] = original[dim] * block_sizes[block] + columns[level]
+    flat = np.ravel_multi_index(tuple(original), tuple(shape)) if rank else np.zeros(1, np.int64)
+    dense = np.zeros(int(np.prod(shape)) if shape else 1, dtype=values.dtype)
+    dense[flat] = values[:count]
+    return dense.reshape(tuple(shape))

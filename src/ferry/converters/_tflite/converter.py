@@ -11,24 +11,21 @@ Reading needs the pure-Python ``tflite`` schema package; the reference (the sour
 same inputs) uses the LiteRT interpreter (``ai-edge-litert``) when it is installed, else
 TensorFlow's ``tf.lite.Interpreter``, else there is none and ``Converted.notes`` says so. For
 dynamic-range quantized models the reference runs with the int8 weights dequantized, as the
-converted model computes (see ``_tflite.reference``).
+converted model computes (see ``reference``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ferry.converters.base import Converted, ConvertOptions
-from ferry.errors import ConversionError, InvalidInputError, ModelLoadError
-
-if TYPE_CHECKING:
-    from ferry.converters._tflite.reader import Subgraph, Tensor
+from ferry.converters._base import Converted, ConvertOptions, as_array, name_examples
+from ferry.errors import ConversionError, ModelLoadError
+from ferry.formats import TFLITE_DTYPES, TFLiteSubgraph, TFLiteTensor, is_tflite, read_tflite
 
 __all__ = ["TFLiteConverter"]
 
@@ -51,21 +48,17 @@ class TFLiteConverter:
 
     def sniff(self, path: Path) -> bool:
         """A file whose bytes 4..8 are the TFLite flatbuffer identifier ``TFL3``."""
-        from ferry.converters._tflite.reader import has_identifier
-
         try:
             if not path.is_file():
                 return False
             with path.open("rb") as f:
-                return has_identifier(f.read(8))
+                return is_tflite(f.read(8))
         except OSError:
             return False
 
     def accepts(self, obj: object) -> bool:
         """``bytes`` (or bytearray/memoryview) holding a TFLite flatbuffer."""
-        from ferry.converters._tflite.reader import has_identifier
-
-        return isinstance(obj, bytes | bytearray | memoryview) and has_identifier(obj)
+        return isinstance(obj, bytes | bytearray | memoryview) and is_tflite(obj)
 
     def convert(self, source: Path | object, options: ConvertOptions) -> Converted:
         """Convert a ``.tflite`` file (path) or flatbuffer bytes.
@@ -75,12 +68,11 @@ class TFLiteConverter:
             UnsupportedOpError: listing every op that has no translation.
             BackendUnavailableError: the ``tflite`` schema package is missing.
         """
-        from ferry.converters._tflite.reader import read_model
         from ferry.converters._tflite.reference import make_reference
         from ferry.converters._tflite.translate import translate
 
         data, label = _load(source)
-        model = read_model(data, label)
+        model = read_tflite(data, label)
         notes: list[str] = []
         if len(model.subgraphs) > 1:
             notes.append(
@@ -135,13 +127,14 @@ def _load(source: Path | object) -> tuple[bytes, str]:
 
 
 def _sample_inputs(
-    sg: Subgraph, names: list[str], options: ConvertOptions
+    sg: TFLiteSubgraph, names: list[str], options: ConvertOptions
 ) -> dict[str, np.ndarray]:
     """Inputs for the parity check: the user's example inputs, or ones that span what the model
     expects (the full integer range of a quantized input; for a float input that is quantized
     right away, the range its quantization covers; else uniform in [-1, 1])."""
     if options.example_inputs is not None:
-        return _named_examples(options.example_inputs, names)
+        named = name_examples(options.example_inputs, names)
+        return {name: as_array(value, name) for name, value in named.items()}
     rng = np.random.default_rng(0)
     samples = {}
     for index, name in zip(sg.inputs, names):
@@ -151,7 +144,7 @@ def _sample_inputs(
     return samples
 
 
-def _sample_shape(t: Tensor, override: Sequence[int | str] | None) -> tuple[int, ...]:
+def _sample_shape(t: TFLiteTensor, override: Sequence[int | str] | None) -> tuple[int, ...]:
     if override is not None and all(isinstance(d, int) for d in override):
         return tuple(int(d) for d in override)
     # An open dim samples at TFLite's placeholder size for the batch, else at a modest size
@@ -161,33 +154,34 @@ def _sample_shape(t: Tensor, override: Sequence[int | str] | None) -> tuple[int,
     )
 
 
-def _consumer_range(sg: Subgraph, index: int) -> tuple[float, float] | None:
+def _consumer_range(sg: TFLiteSubgraph, index: int) -> tuple[float, float] | None:
     """The real range a float input is quantized to by the op that reads it, if one does."""
     for op in sg.operators:
         if op.opcode == "QUANTIZE" and op.inputs and op.inputs[0] == index:
             q = sg.tensors[op.outputs[0]]
             if q.quant is not None and q.type in _INT_QUANTIZED:
-                info = np.iinfo(_int_dtype(q.type))
+                info = np.iinfo(TFLITE_DTYPES[q.type])
                 scale, zero = float(q.quant.scale[0]), int(q.quant.zero_point[0])
                 return (info.min - zero) * scale, (info.max - zero) * scale
     return None
 
 
 def _sample(
-    rng: np.random.Generator, t: Tensor, shape: tuple[int, ...], span: tuple[float, float] | None
+    rng: np.random.Generator,
+    t: TFLiteTensor,
+    shape: tuple[int, ...],
+    span: tuple[float, float] | None,
 ) -> np.ndarray:
     if t.type in _INT_QUANTIZED:
-        info = np.iinfo(_int_dtype(t.type))
-        return rng.integers(info.min, info.max, size=shape, endpoint=True).astype(
-            _int_dtype(t.type)
-        )
+        dtype = TFLITE_DTYPES[t.type]
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size=shape, endpoint=True).astype(dtype)
     if t.type in _FLOAT_TYPES:
-        dtype = {0: np.float32, 1: np.float16, 10: np.float64}[t.type]
         # Mobile models take normalized inputs (images in [0, 1] or [-1, 1], waveforms in
         # [-1, 1]); values far outside drive deep nets into ranges where float32 rounding
         # alone exceeds the parity tolerance.
         low, high = span if span is not None else (-1.0, 1.0)
-        return rng.uniform(low, high, size=shape).astype(dtype)
+        return rng.uniform(low, high, size=shape).astype(TFLITE_DTYPES[t.type])
     if t.type == 6:
         return rng.integers(0, 2, size=shape).astype(bool)
     if t.type in (2, 4):
@@ -198,36 +192,14 @@ def _sample(
     )
 
 
-def _int_dtype(tflite_type: int) -> np.dtype[Any]:
-    return np.dtype({3: np.uint8, 7: np.int16, 9: np.int8}[tflite_type])
-
-
-def _named_examples(examples: Any, names: list[str]) -> dict[str, np.ndarray]:
-    if isinstance(examples, Mapping):
-        unknown = set(examples) - set(names)
-        if unknown:
-            raise InvalidInputError(
-                f"example_inputs names {sorted(unknown)} are not inputs of the model; "
-                f"its inputs are {names}"
-            )
-        return {k: np.asarray(v) for k, v in examples.items()}
-    if isinstance(examples, np.ndarray) or not isinstance(examples, Sequence):
-        examples = [examples]
-    if len(examples) != len(names):
-        raise InvalidInputError(
-            f"{len(examples)} example inputs given; the model takes {len(names)}: {names}"
-        )
-    return {name: np.asarray(v) for name, v in zip(names, examples)}
-
-
 # -------------------------------------------------------------------------------- tolerance
 
 
 def _tolerance(
-    sg: Subgraph, outputs: list[Tensor]
+    sg: TFLiteSubgraph, outputs: list[TFLiteTensor]
 ) -> tuple[tuple[float, float] | None, str | None]:
     """The parity tolerance: by dtype for float models (hybrid ones included, see
-    ``_tflite.reference``); in output quantization steps for quantized ones."""
+    ``reference``); in output quantization steps for quantized ones."""
     quantized_activations = any(
         t.quant is not None and t.type in _INT_QUANTIZED and t.data is None for t in sg.tensors
     )
@@ -246,7 +218,7 @@ def _tolerance(
     )
 
 
-def _feeding_scale(sg: Subgraph, index: int) -> float | None:
+def _feeding_scale(sg: TFLiteSubgraph, index: int) -> float | None:
     """The output scale of the quantized tensor a float output is dequantized from."""
     for op in sg.operators:
         if index in op.outputs and op.opcode == "DEQUANTIZE":

@@ -10,19 +10,19 @@ import logging
 import os
 from pathlib import Path
 
-from ferry.converters.base import Converter
+from ferry.converters._base import Converter
 from ferry.errors import ConversionError, ModelLoadError
 
 __all__ = ["converter_names", "get_converter", "resolve_converter"]
 
 # In detection order: the cheap, unambiguous formats first.
 _CONVERTERS = {
-    "onnx": "ferry.converters.onnx:OnnxConverter",
-    "tflite": "ferry.converters.tflite:TFLiteConverter",
-    "pytorch": "ferry.converters.pytorch:PyTorchConverter",
-    "tensorflow": "ferry.converters.tensorflow:TensorFlowConverter",
-    "paddle": "ferry.converters.paddle:PaddleConverter",
-    "sklearn": "ferry.converters.sklearn:SklearnConverter",
+    "onnx": "ferry.converters._onnx:OnnxConverter",
+    "tflite": "ferry.converters._tflite:TFLiteConverter",
+    "pytorch": "ferry.converters._pytorch:PyTorchConverter",
+    "tensorflow": "ferry.converters._tensorflow:TensorFlowConverter",
+    "paddle": "ferry.converters._paddle:PaddleConverter",
+    "sklearn": "ferry.converters._sklearn:SklearnConverter",
 }
 _ALIASES = {
     "torch": "pytorch",

@@ -35,15 +35,25 @@ import logging
 import os
 import re
 import warnings
-from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ferry.converters.base import Converted, ConvertOptions, ReferenceFn, type_modules
+from ferry.converters._base import (
+    DEFAULT_BATCH,
+    Converted,
+    ConvertOptions,
+    ReferenceFn,
+    as_array,
+    example_items,
+    exporter_opset,
+    first_line,
+    list_ops,
+    type_modules,
+)
 from ferry.errors import (
     BackendUnavailableError,
     ConversionError,
@@ -60,7 +70,6 @@ logger = logging.getLogger(__name__)
 #: from 1.14 on, onnxruntime-web and the mobile builds run it.
 DEFAULT_OPSET = 18
 DEFAULT_INPUT = "input"
-DEFAULT_BATCH = "batch"
 
 _INSTALL = "pip install 'ferry[sklearn]'"
 # Pickle protocols 2 and later open with PROTO (0x80) and the protocol number.
@@ -219,13 +228,13 @@ def _load_pickle(path: Path, *, trust: bool, notes: list[str]) -> object:
             obj = joblib.load(path)
         except Exception as e:  # pickle raises anything the pickled classes raise
             raise ModelLoadError(
-                f"cannot unpickle {path}: {type(e).__name__}: {_short(e)}. The classes it holds "
+                f"cannot unpickle {path}: {type(e).__name__}: {first_line(e)}. The classes it holds "
                 "must be importable here (the same scikit-learn, your own modules on sys.path)"
             ) from e
     for w in caught:
         # sklearn's InconsistentVersionWarning: pickled with one version, loaded with another.
         if "version" in str(w.message).lower():
-            notes.append(f"{path}: {_short(w.message)}")
+            notes.append(f"{path}: {first_line(w.message)}")
     return obj
 
 
@@ -297,29 +306,16 @@ def _plan_inputs(estimator: Any, options: ConvertOptions, notes: list[str]) -> _
 
 def _unwrap_example(example: Any) -> tuple[str, Any]:
     """(input name, X) from a dict by name, a one-element tuple, or X itself."""
-    if isinstance(example, Mapping):
-        if len(example) != 1:
-            raise InvalidInputError(
-                "a scikit-learn estimator takes one input X; example_inputs names "
-                f"{sorted(map(str, example))}: pass one array (or a pandas DataFrame, for one "
-                "input per column)"
-            )
-        ((name, value),) = example.items()
-        return str(name), value
-    if isinstance(example, tuple) or (
-        isinstance(example, list) and example and all(_is_array_like(v) for v in example)
-    ):
-        if len(example) != 1:
-            raise InvalidInputError(
-                f"a scikit-learn estimator takes one input X; example_inputs has {len(example)} "
-                "positional inputs"
-            )
-        return DEFAULT_INPUT, example[0]
-    return DEFAULT_INPUT, example
-
-
-def _is_array_like(value: Any) -> bool:
-    return isinstance(value, np.ndarray) or _is_frame(value)
+    items = example_items(example)
+    if len(items) != 1:
+        names = [k for k, _ in items if k is not None]
+        raise InvalidInputError(
+            f"{len(items)} example inputs given{f' ({names})' if names else ''}, but a "
+            "scikit-learn estimator takes one input X: pass one array (or a pandas DataFrame, "
+            "for one input per column)"
+        )
+    ((name, value),) = items
+    return name or DEFAULT_INPUT, value
 
 
 def _is_frame(value: Any) -> bool:
@@ -328,13 +324,7 @@ def _is_frame(value: Any) -> bool:
 
 
 def _as_2d(value: Any, name: str) -> np.ndarray:
-    try:
-        arr = np.asarray(value)
-    except Exception as e:  # ragged lists, sparse matrices
-        raise InvalidInputError(
-            f"example input {name!r} is not an array: {_short(e)}; pass a dense numpy array "
-            "[n_samples, n_features]"
-        ) from e
+    arr = as_array(value, name)
     if arr.ndim != 2 or arr.shape[0] == 0:
         raise InvalidInputError(
             f"example input {name!r} has shape {arr.shape}; scikit-learn takes a 2-D array "
@@ -441,13 +431,7 @@ def _opset(requested: int | None, notes: list[str]) -> int:
     newest = int(get_latest_tested_opset_version())
     if requested is None:
         return min(DEFAULT_OPSET, newest)
-    if requested > newest:
-        # ferry.convert brings the model the rest of the way with ONNX's version converter.
-        notes.append(
-            f"skl2onnx converts up to opset {newest}; opset {requested} is reached from it"
-        )
-        return newest
-    return requested
+    return exporter_opset(requested, notes, exporter="skl2onnx", newest=newest)
 
 
 def _ml_opset(opset: int) -> int:
@@ -630,7 +614,7 @@ def _skl2onnx_reason(e: Exception) -> str:
             "the model as this scikit-learn stores it); try another skl2onnx or scikit-learn "
             "release"
         )
-    return _short(e)
+    return first_line(e)
 
 
 def _known_to_skl2onnx(obj: Any) -> bool:
@@ -709,15 +693,9 @@ def _unsupported(estimator: Any, *, deep: bool = False) -> list[tuple[str, str]]
 
 
 def _unsupported_message(ops: list[tuple[str, str]], what: str) -> str:
-    counts = Counter(op for op, _ in ops)
-    parts = []
-    for op, count in counts.items():
-        paths = [p for o, p in ops if o == op]
-        shown = ", ".join(paths[:3]) + (", ..." if len(paths) > 3 else "")
-        parts.append(f"{op} x{count} ({shown})")
     return (
-        f"skl2onnx has no converter for {len(counts)} step type(s) in {what}: "
-        f"{'; '.join(parts)}. Replace them with supported scikit-learn steps, or register a "
+        f"skl2onnx has no converter for {len({op for op, _ in ops})} step type(s) in {what}: "
+        f"{list_ops(ops)}. Replace them with supported scikit-learn steps, or register a "
         "converter for each with skl2onnx.update_registered_converter (for xgboost/lightgbm "
         "models, onnxmltools provides them)"
     )
@@ -904,9 +882,3 @@ def _conform(y: np.ndarray, dtype: np.dtype[Any] | None, rank: int | None) -> np
     if dtype is not None and y.dtype.kind in "biuf" and dtype.kind in "biuf":
         y = y.astype(dtype, copy=False)
     return y
-
-
-def _short(e: object) -> str:
-    lines = str(e).strip().splitlines()
-    text = lines[0] if lines else type(e).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
