@@ -1,1 +1,4 @@
-"""The command line: thin click commands over the library."""
+"""The command line: thin click commands over the library, one private module per command.
+
+``ferry.cli.main`` is the entry point (``main``) and the click group (``cli``).
+"""

@@ -129,3 +129,19 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+def parse_tolerance(text: str | None) -> tuple[float, float] | None:
+    """``--tolerance ATOL[,RTOL]`` -> ``(atol, rtol)``; None when not given."""
+    if text is None:
+        return None
+    parts = text.split(",")
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        raise InvalidInputError(
+            f"--tolerance takes ATOL or ATOL,RTOL as numbers, got {text!r}"
+        ) from None
+    if len(values) not in (1, 2) or any(v < 0 for v in values):
+        raise InvalidInputError(f"--tolerance takes ATOL or ATOL,RTOL (non-negative), got {text!r}")
+    return (values[0], values[1] if len(values) == 2 else 0.0)

@@ -85,7 +85,7 @@ def _register() -> None:
         "agent",
         "serve",
     ):
-        cli.add_command(importlib.import_module(f"ferry.cli.{name}").command)
+        cli.add_command(importlib.import_module(f"ferry.cli._{name}").command)
 
 
 _register()

@@ -9,7 +9,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from ferry.cli._common import console, split_pairs, write_json
+from ferry.cli._common import console, parse_tolerance, split_pairs, write_json
 from ferry.errors import InvalidInputError
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ def command(
         input_shapes=input_shapes or None,
         opset=opset,
         verify=verify,
-        tolerance=_parse_tolerance(tolerance),
+        tolerance=parse_tolerance(tolerance),
         from_=from_,
         trust_pickle=trust_pickle,
     )
@@ -165,18 +165,3 @@ def _print(result: ConversionResult, output: Path) -> None:
     console.print(escape(parity.summary()))
     opset = result.model.opset_imports.get("", None)
     console.print(f"wrote {escape(str(output))} (opset {opset}, checked)")
-
-
-def _parse_tolerance(text: str | None) -> tuple[float, float] | None:
-    if text is None:
-        return None
-    parts = text.split(",")
-    try:
-        values = [float(p) for p in parts]
-    except ValueError:
-        raise InvalidInputError(
-            f"--tolerance takes ATOL or ATOL,RTOL as numbers, got {text!r}"
-        ) from None
-    if len(values) not in (1, 2) or any(v < 0 for v in values):
-        raise InvalidInputError(f"--tolerance takes ATOL or ATOL,RTOL (non-negative), got {text!r}")
-    return (values[0], values[1] if len(values) == 2 else 0.0)

@@ -9,7 +9,14 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from ferry.cli._common import build_feeds, console, input_options, model_argument, write_json
+from ferry.cli._common import (
+    build_feeds,
+    console,
+    input_options,
+    model_argument,
+    parse_tolerance,
+    write_json,
+)
 
 
 @click.command("plan")
@@ -92,12 +99,11 @@ def command(
       ferry plan model.onnx --backends auto -o plan.json
     """
     from ferry.backends import DEFAULT_MIN_PARTITION_SIZE
-    from ferry.cli.convert import _parse_tolerance
     from ferry.graph import load_model, prepare
     from ferry.runtime import load, make_plan
 
     work = prepare(load_model(model))
-    tol = _parse_tolerance(tolerance)
+    tol = parse_tolerance(tolerance)
     result: dict[str, Any] = {}
     session = load(work)
     feeds = build_feeds(session, input_files, shapes, seed, random=True)
