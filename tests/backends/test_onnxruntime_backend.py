@@ -105,7 +105,7 @@ def test_backend_declares_fp32_only_and_trusts_its_rules() -> None:
 
 
 def test_rule_data_is_for_this_onnxruntime() -> None:
-    from ferry.conformance._onnxruntime_opsgen import max_opsets
+    from ferry.conformance._gen_onnxruntime import max_opsets
 
     if ort.__version__ != _onnxruntime_ops.ORT_VERSION:
         pytest.skip(f"table measured on onnxruntime {_onnxruntime_ops.ORT_VERSION}")
@@ -120,15 +120,15 @@ def test_rule_data_is_for_this_onnxruntime() -> None:
 @pytest.mark.slow
 def test_rule_data_regenerates_identically() -> None:
     """The recorded table is what the generator measures now (run after upgrading ORT/onnx)."""
-    from ferry.conformance import _onnxruntime_opsgen
+    from ferry.conformance import _gen_onnxruntime
 
     if (ort.__version__, onnx.__version__) != (
         _onnxruntime_ops.ORT_VERSION,
         _onnxruntime_ops.ONNX_VERSION,
     ):
         pytest.skip("the table was measured on other onnxruntime/onnx versions")
-    tops, rows, contrib, failures = _onnxruntime_opsgen.measure()
-    text = _onnxruntime_opsgen.render(tops, rows, contrib, failures)
+    tops, rows, contrib, failures = _gen_onnxruntime.measure()
+    text = _gen_onnxruntime.render(tops, rows, contrib, failures)
     namespace: dict[str, Any] = {}
     exec(compile(text, "<generated>", "exec"), namespace)
     assert namespace["OPS"] == _onnxruntime_ops.OPS

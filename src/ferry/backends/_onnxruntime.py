@@ -2,8 +2,8 @@
 
 Its rule table is measured, not written: ``_onnxruntime_ops`` records, per op and opset range, the
 element types ONNX Runtime's CPU kernels take (from its kernel registry) and the function ops it
-inlines (loaded for real), capped at the highest opset it loads; ``_onnxruntime_opsgen`` explains
-how and regenerates it. ``com.microsoft`` ops with a CPU kernel are accepted permissively.
+inlines (loaded for real), capped at the highest opset it loads; ``ferry.conformance``'s generator
+explains how and regenerates it (``python -m ferry.conformance rules onnxruntime``). ``com.microsoft`` ops with a CPU kernel are accepted permissively.
 
 It runs on the CPU unless told otherwise: with onnxruntime-gpu installed, the ``device`` option
 (``"cpu"``, ``"cuda"``) or the ``providers`` option (ONNX Runtime's execution provider names, with
@@ -114,7 +114,7 @@ def rules() -> tuple[OpRule, ...]:
     if onnxruntime.__version__ != _onnxruntime_ops.ORT_VERSION:
         logger.info(
             "onnxruntime %s is installed; its op table was measured on %s (regenerate it with "
-            "python -m ferry.conformance._onnxruntime_opsgen)",
+            "python -m ferry.conformance rules onnxruntime)",
             onnxruntime.__version__,
             _onnxruntime_ops.ORT_VERSION,
         )

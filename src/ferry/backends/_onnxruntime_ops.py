@@ -1,7 +1,7 @@
 """ONNX Runtime CPU op support, measured. GENERATED: do not edit by hand.
 
 Measured on onnxruntime 1.32.0 with onnx 1.23.2 by
-``python -m ferry.conformance._onnxruntime_opsgen`` (see there for how).
+``python -m ferry.conformance rules onnxruntime`` (see ``ferry.conformance._gen_onnxruntime``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""``python -m ferry.conformance --backend NAME --out docs/conformance/``: see ``ferry.conformance``."""
+"""``python -m ferry.conformance``: see ``ferry.conformance._cli``."""
 
 import sys
 
-from ferry.conformance._run import main
+from ferry.conformance._cli import main
 
 sys.exit(main())

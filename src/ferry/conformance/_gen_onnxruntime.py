@@ -1,9 +1,12 @@
-"""Generate ``_onnxruntime_ops.py``: the ops ONNX Runtime's CPU provider runs, measured, as data.
+"""The ONNX Runtime rule generator: measures the ops ONNX Runtime's CPU provider runs, as data.
 
-Run it after upgrading onnxruntime or onnx, and commit the result::
+It writes ``ferry/backends/_onnxruntime_ops.py``. Run it after upgrading onnxruntime or onnx,
+and commit the result::
 
-    python -m ferry.conformance._onnxruntime_opsgen > src/ferry/backends/_onnxruntime_ops.py
+    python -m ferry.conformance rules onnxruntime
     ruff format src/ferry/backends/_onnxruntime_ops.py
+
+(``--op Relu --out -`` measures one op and prints the partial table: a smoke run.)
 
 Nothing here is guessed. The algorithm:
 
@@ -24,7 +27,8 @@ Nothing here is guessed. The algorithm:
    at every model opset of the span (inlining depends on it): each of ONNX's node test cases for
    the op is loaded at that opset and, one type parameter at a time, with the inputs and outputs
    of that parameter retyped to each type the schema allows. What loads is recorded.
-4. ONNX's node test cases are run at their own opsets and compared with their expected outputs;
+4. ONNX's node test cases are run at their own opsets and compared with their expected outputs
+   (``ferry.parity``, strict, with the case's tolerance for floats and bit for bit otherwise);
    the names of the cases that fail are recorded (``CONFORMANCE_FAILURES``) for the conformance
    tier, which must skip exactly those.
 
@@ -36,15 +40,19 @@ from __future__ import annotations
 
 import collections
 import copy
-import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from typing import Any
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 
+from ferry.conformance._cases import ConformanceCase, collect_cases, normal_domain
+from ferry.conformance._compare import compare_output
+from ferry.conformance._tables import module_head
 from ferry.graph import dtype_name
+
+__all__ = ["max_opsets", "measure", "render"]
 
 _DOMAINS = ("", "ai.onnx.ml")
 _INT_MAX = 2**31 - 1
@@ -214,18 +222,16 @@ def _kernels(domain: str) -> dict[str, list[tuple[int, int, dict[str, list[str]]
     return found
 
 
-def _testcases() -> dict[tuple[str, str], list[Any]]:
-    from onnx.backend.test.case.node import collect_testcases
+def _testcases() -> dict[tuple[str, str], list[ConformanceCase]]:
+    """ONNX's node test cases of one op each (every node the same op), by ``(domain, op_type)``.
 
-    by_op: dict[tuple[str, str], list[Any]] = collections.defaultdict(list)
-    for case in collect_testcases():
-        if case.model is None or len(case.model.graph.node) == 0:
-            continue
-        node = case.model.graph.node[0]
-        domain = "" if node.domain == "ai.onnx" else node.domain
-        # Single-op cases only: an expanded function test exercises the body, not the op.
-        if len({(n.domain, n.op_type) for n in case.model.graph.node}) == 1:
-            by_op[(domain, node.op_type)].append(case)
+    An expanded function test exercises the op's body, not the op: left out.
+    """
+    by_op: dict[tuple[str, str], list[ConformanceCase]] = collections.defaultdict(list)
+    for case in collect_cases():
+        nodes = case.model.graph.node
+        if len({(n.domain, n.op_type) for n in nodes}) == 1:
+            by_op[(normal_domain(nodes[0].domain), nodes[0].op_type)].append(case)
     return by_op
 
 
@@ -288,17 +294,25 @@ def _ir_name(numpy_name: str) -> str:
     raise KeyError(numpy_name)
 
 
-def measure() -> tuple[dict[str, int], list[Row], list[tuple[str, str]], list[str]]:
-    """Measure the installed onnxruntime: max opsets, rule rows, contrib ops, failing cases."""
+def measure(
+    ops: Collection[str] | None = None,
+) -> tuple[dict[str, int], list[Row], list[tuple[str, str]], list[str]]:
+    """Measure the installed onnxruntime: max opsets, rule rows, contrib ops, failing cases.
+
+    Args:
+        ops: measure only these op types (rows and failing cases; a smoke run); None: all.
+    """
     tops = max_opsets()
     cases = _testcases()
+    if ops is not None:
+        cases = collections.defaultdict(list, {k: v for k, v in cases.items() if k[1] in ops})
     rows: list[Row] = []
     for domain in _DOMAINS:
         top = tops[domain]
         kernels = _kernels(domain)
         for op, versions in sorted(_schema_versions(domain).items()):
             versions = [v for v in versions if v <= top]
-            if not versions:
+            if not versions or (ops is not None and op not in ops):
                 continue
             try:
                 onnx.defs.get_schema(op, top, domain)
@@ -350,36 +364,26 @@ def _merge(domain: str, op: str, spans: list[tuple[int, int, tuple[Any, Any]]]) 
     yield from sorted(rows, key=lambda r: (r[2], r[3]))
 
 
-def _conformance_failures(cases: dict[tuple[str, str], list[Any]]) -> Iterator[str]:
+def _conformance_failures(cases: dict[tuple[str, str], list[ConformanceCase]]) -> Iterator[str]:
     for group in cases.values():
         for case in group:
             try:
                 session = _session(case.model)
             except Exception:
                 continue  # not runnable at all: the rows above do not claim it
-            for inputs, expected in case.data_sets or []:
-                names = [i.name for i in case.model.graph.input]
-                feeds = {n: _as_array(v) for n, v in zip(names, inputs)}
-                wanted = [_as_array(e) for e in expected]
-                if any(_unfeedable(v) for v in (*feeds.values(), *wanted)):
+            names = [i.name for i in case.model.graph.input]
+            for inputs, expected in case.data_sets:
+                feeds = dict(zip(names, inputs))
+                if any(_unfeedable(v) for v in (*feeds.values(), *expected)):
                     break  # ORT's Python API cannot pass bfloat16/float8/int4 arrays: unverifiable
                 try:
                     got = session.run(None, feeds)
-                    for g, e in zip(got, wanted):
-                        if not isinstance(e, list):
-                            _assert_close(np.asarray(g), e, case.rtol, case.atol)
                 except Exception:
                     yield case.name
                     break
-
-
-def _as_array(value: Any) -> Any:
-    """Node test data: numpy scalars for 0-d tensors, TensorProtos, lists for sequences."""
-    if isinstance(value, onnx.TensorProto):
-        return onnx.numpy_helper.to_array(value)
-    if isinstance(value, list):
-        return value
-    return np.asarray(value)
+                if not all(_close(g, e, case) for g, e in zip(got, expected)):
+                    yield case.name
+                    break
 
 
 def _unfeedable(value: Any) -> bool:
@@ -388,32 +392,32 @@ def _unfeedable(value: Any) -> bool:
     return isinstance(value, np.ndarray) and value.dtype.type.__module__.startswith("ml_dtypes")
 
 
-def _assert_close(got: np.ndarray, expected: np.ndarray, rtol: float, atol: float) -> None:
-    if got.shape != expected.shape:
-        raise AssertionError(f"shape {got.shape} != {expected.shape}")
-    if expected.dtype.kind in "fc" and expected.dtype.itemsize >= 2:
-        np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol)
-    else:
-        # Exotic types (float8, int4, bfloat16 via ml_dtypes) and ints compare bit for bit.
-        np.testing.assert_array_equal(got.astype(expected.dtype), expected)
+def _close(got: Any, expected: Any, case: ConformanceCase) -> bool:
+    """Floats within the case's tolerance; ints, bools and strings bit for bit; sequences are
+    not compared."""
+    if isinstance(expected, list):
+        return True
+    want = np.asarray(expected)
+    exact = not (want.dtype.kind in "fc" and want.dtype.itemsize >= 2)
+    atol, rtol = (0.0, 0.0) if exact else (case.atol, case.rtol)
+    return compare_output("output", got, want, atol=atol, rtol=rtol).passed
 
 
 def render(
     tops: dict[str, int], rows: list[Row], contrib: list[tuple[str, str]], failures: list[str]
 ) -> str:
+    """The source of ``_onnxruntime_ops.py`` from :func:`measure`'s results (``ruff format`` it)."""
     import onnxruntime
 
-    lines = [
-        '"""ONNX Runtime CPU op support, measured. GENERATED: do not edit by hand.',
-        "",
-        f"Measured on onnxruntime {onnxruntime.__version__} with onnx {onnx.__version__} by",
-        "``python -m ferry.conformance._onnxruntime_opsgen`` (see there for how).",
-        '"""',
-        "",
-        "from __future__ import annotations",
-        "",
-        "from typing import Any",
-        "",
+    lines = module_head(
+        [
+            "ONNX Runtime CPU op support, measured. GENERATED: do not edit by hand.",
+            "",
+            f"Measured on onnxruntime {onnxruntime.__version__} with onnx {onnx.__version__} by",
+            "``python -m ferry.conformance rules onnxruntime`` (see ``ferry.conformance._gen_onnxruntime``).",
+        ]
+    )
+    lines += [
         f"ORT_VERSION = {onnxruntime.__version__!r}",
         f"ONNX_VERSION = {onnx.__version__!r}",
         "#: The highest opset ONNX Runtime loads, per domain.",
@@ -448,12 +452,3 @@ def render(
     lines += ["})", "# fmt: on", ""]
     # Names hold no quotes, so swapping repr's quote style is safe; it matches ruff's style.
     return "\n".join(lines).replace("'", '"')
-
-
-def main() -> None:
-    tops, rows, contrib, failures = measure()
-    sys.stdout.write(render(tops, rows, contrib, failures))
-
-
-if __name__ == "__main__":
-    main()
