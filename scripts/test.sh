@@ -9,12 +9,20 @@ if [ "${FERRY_TEST_HEAVY:-0}" = "1" ]; then
   echo "==> FERRY_TEST_HEAVY=1: TensorFlow + tf2onnx into .venv, Paddle + paddle2onnx into .venv-paddle"
   pip_install "tensorflow-cpu==2.21.0" "tf2onnx==1.17.0" \
     || echo "WARNING: TensorFlow did not install; its converter tests will be skipped" >&2
+  # paddlepaddle itself (no paddle2onnx) also goes into .venv: converting in-memory paddle.nn.Layers.
+  pip_install "paddlepaddle==3.3.1" \
+    || echo "WARNING: PaddlePaddle did not install into .venv; the paddle.nn.Layer test will be skipped" >&2
   if bash scripts/setup-paddle.sh "$PWD/.venv-paddle"; then
     export FERRY_PADDLE_PYTHON="$PWD/.venv-paddle/bin/python"
   else
     echo "WARNING: Paddle did not install; its converter tests will be skipped" >&2
   fi
 fi
+# The real-model kit (about 152 MB, once; cached in ${FERRY_KIT:-~/.cache/ferry-kit}, outside the
+# repository): the tests/real tier runs every verb on models made by other people.
+echo "==> real-model kit"
+bash scripts/fetch-kit.sh \
+  || echo "WARNING: the real-model kit could not be fetched; the tests/real tier will be skipped" >&2
 echo "==> ruff"
 ruff check src tests benchmarks examples
 ruff format --check src tests benchmarks examples

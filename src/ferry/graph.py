@@ -34,6 +34,7 @@ __all__ = [
     "ModelSummary",
     "TensorInfo",
     "atomic_path",
+    "dim",
     "dtype_name",
     "graph_inputs",
     "infer_value_types",
@@ -44,6 +45,7 @@ __all__ = [
     "prepare",
     "resolve_model_file",
     "save_model",
+    "shape_of",
     "subgraphs",
     "summarize",
     "tensor_info",
@@ -252,7 +254,20 @@ def _has_external_data(model: ir.Model) -> bool:
 
 
 def _param_bytes(model: ir.Model) -> int:
-    return sum(v.const_value.nbytes for v in _initializers(model) if v.const_value is not None)
+    return sum(t.nbytes for t in _weights(model))
+
+
+def _weights(model: ir.Model) -> Iterator[ir.TensorProtocol]:
+    """Every weight tensor: initializers and the values of Constant nodes (Paddle's exporter, for
+    one, keeps all weights in Constant nodes), subgraphs included."""
+    for value in _initializers(model):
+        if value.const_value is not None:
+            yield value.const_value
+    for node in model.graph.all_nodes():
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            attr = node.attributes.get("value")
+            if attr is not None and not attr.is_ref() and attr.type == ir.AttributeType.TENSOR:
+                yield attr.as_tensor()
 
 
 def _initializers(model: ir.Model) -> Iterator[ir.Value]:
@@ -411,16 +426,35 @@ class ModelSummary:
         return d
 
 
-def _shape_of(value: ir.Value) -> tuple[Dim, ...] | None:
+#: Names exporters give a dim that has no identity of its own; like an empty name, they bind nothing.
+_PLACEHOLDER_NAMES = frozenset({"none", "null", "unknown", "dynamic", "unk", "nan"})
+
+
+def dim(d: int | str | ir.SymbolicDim | None) -> Dim:
+    """One dim as ferry reads it: a fixed size, a name, or None when unknown.
+
+    Exporters spell "any size" several ways, and none of them is a fixed size or a name that binds
+    two dims together: a negative size (``dim_value: -1``), an empty name, and placeholder names
+    such as ``?``, ``-1`` or ``None``. All of them are None here. A real name (``batch``,
+    ``height``, ``unk__3``) is kept: the same name on two inputs or axes means the same size.
+    """
+    if isinstance(d, ir.SymbolicDim):
+        d = d.value
+    if d is None:
+        return None
+    if isinstance(d, int):
+        return d if d >= 0 else None
+    name = str(d).strip()
+    if not any(c.isalnum() for c in name) or name.lstrip("+-").isdigit():
+        return None
+    return None if name.lower() in _PLACEHOLDER_NAMES else name
+
+
+def shape_of(value: ir.Value) -> tuple[Dim, ...] | None:
+    """The shape of ``value`` as ferry reads it (see :func:`dim`); None when the rank is unknown."""
     if value.shape is None:
         return None
-    dims: list[Dim] = []
-    for d in value.shape:
-        if isinstance(d, int):
-            dims.append(d)
-        else:
-            dims.append(d.value)  # SymbolicDim: its name, or None when anonymous
-    return tuple(dims)
+    return tuple(dim(d) for d in value.shape)
 
 
 def dtype_name(dtype: ir.DataType) -> str:
@@ -436,7 +470,7 @@ def dtype_name(dtype: ir.DataType) -> str:
 def tensor_info(value: ir.Value) -> TensorInfo:
     """The name, dtype and shape of a graph value."""
     dtype = dtype_name(value.dtype) if value.dtype is not None else None
-    return TensorInfo(name=value.name or "", dtype=dtype, shape=_shape_of(value))
+    return TensorInfo(name=value.name or "", dtype=dtype, shape=shape_of(value))
 
 
 def graph_inputs(model: ir.Model) -> list[ir.Value]:
@@ -511,7 +545,8 @@ def _inferred_value_infos(model: ir.Model) -> onnx.ModelProto | None:
 
 
 def _dim(d: Any) -> Dim:
-    return d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+    """A dim of a protobuf shape, read as :func:`dim` reads any other."""
+    return dim(d.dim_value if d.HasField("dim_value") else (d.dim_param or None))
 
 
 def summarize(model: ir.Model) -> ModelSummary:
@@ -531,7 +566,7 @@ def summarize(model: ir.Model) -> ModelSummary:
                 unknown += 1
             else:
                 flops += estimate
-    params = list(_initializers(model))
+    params = list(_weights(model))
 
     def io(value: ir.Value) -> TensorInfo:
         info = tensor_info(value)
@@ -547,8 +582,8 @@ def summarize(model: ir.Model) -> ModelSummary:
         outputs=tuple(io(v) for v in model.graph.outputs),
         op_counts=dict(op_counts.most_common()),
         node_count=node_count,
-        param_count=sum(v.const_value.size for v in params if v.const_value is not None),
-        param_bytes=sum(v.const_value.nbytes for v in params if v.const_value is not None),
+        param_count=sum(t.size for t in params),
+        param_bytes=sum(t.nbytes for t in params),
         flops=flops,
         flops_unknown_nodes=unknown,
         has_subgraphs=any(True for _ in model.graph.subgraphs()),
@@ -564,7 +599,7 @@ def _dims(
 ) -> list[int] | None:
     if value is None:
         return None
-    shape = _shape_of(value)
+    shape = shape_of(value)
     if shape is None or any(d is None for d in shape):
         shape = types.get(value.name or "", (None, None))[1]
     if shape is None:

@@ -174,6 +174,25 @@ def test_dynamic_batch_on_a_hand_built_model(backend: OpenVINOBackend) -> None:
         np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-6)
 
 
+def test_int64_inputs_in_either_numpy_spelling(backend: OpenVINOBackend) -> None:
+    """ONNX Runtime hands int64 results on as numpy ``longlong`` ('q'); OpenVINO's API knows
+    only ``int64`` ('l'). A split plan passes such tensors across the boundary."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["ids", "one"], ["y"], name="add")],
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, [2, 3])],
+        [numpy_helper.from_array(np.array(1, np.int64), "one")],
+    )
+    model = _named(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    compiled = backend.compile(
+        CompileSpec(Partition("openvino", ("add",), ("ids",), ("y",)), model)
+    )
+    for dtype in (np.longlong, np.int64):
+        ids = np.arange(6).reshape(2, 3).astype(dtype)
+        np.testing.assert_array_equal(compiled.run({"ids": ids})["y"], ids + 1)
+
+
 def test_serialize_and_load_round_trip(backend: OpenVINOBackend) -> None:
     from models import mlp
 

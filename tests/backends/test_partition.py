@@ -801,3 +801,68 @@ def test_zoo_models_partition_and_match_onnxruntime(
     feeds = zoo.example_inputs(name, batch=2)
     with registered(ort_accel):
         run_both(proto, report.plan, feeds)
+
+
+# -- engines that need ranked inputs --------------------------------------------------------------
+
+
+class RankedBackend(FakeBackend):
+    """An engine whose inputs need a known rank (as OpenVINO's Parameters and TensorRT's do)."""
+
+    ranked_inputs = True
+
+
+def _rankless_model() -> onnx.ModelProto:
+    """x -> Squeeze(axes: a graph input, so the rank is unknown) -> s -> Relu -> Sigmoid ->
+    Reshape(to [2, 3]) -> Exp -> Neg -> y: the rank is known again after the Reshape."""
+    shape = numpy_helper.from_array(np.array([2, 3], np.int64), "shape")
+    nodes = [
+        helper.make_node("Squeeze", ["x", "axes"], ["s"], name="squeeze"),
+        helper.make_node("Relu", ["s"], ["r"], name="relu"),
+        helper.make_node("Sigmoid", ["r"], ["g"], name="sig"),
+        helper.make_node("Reshape", ["g", "shape"], ["f"], name="reshape"),
+        helper.make_node("Exp", ["f"], ["e"], name="exp"),
+        helper.make_node("Neg", ["e"], ["y"], name="neg"),
+    ]
+    model = make_model(nodes, inputs=[("x", [2, 1, 3])], initializers=[shape])
+    model.graph.input.append(helper.make_tensor_value_info("axes", TensorProto.INT64, [1]))
+    return model
+
+
+def test_a_tensor_of_unknown_rank_never_crosses_into_an_engine_that_needs_ranks() -> None:
+    model = _rankless_model()
+    ops = ["Relu", "Sigmoid", "Reshape", "Exp", "Neg"]  # not Squeeze
+    report = explain(model, [RankedBackend("ranked", ops)], min_partition_size=1)
+    # Everything that reads a value of unknown rank stays with its producer; after the Reshape
+    # the rank is known again and the engine takes the rest.
+    assert layout(report.plan) == [
+        ("onnxruntime", ["squeeze", "relu", "sig", "reshape"]),
+        ("ranked", ["exp", "neg"]),
+    ]
+    for node in ("relu", "sig", "reshape"):
+        assert "whose rank is unknown" in report.node(node).reasons["ranked"]
+    # An engine that takes any rank takes them all.
+    plan = place(model, [FakeBackend("any", ops)], min_partition_size=1)
+    assert layout(plan) == [
+        ("onnxruntime", ["squeeze"]),
+        ("any", ["relu", "sig", "reshape", "exp", "neg"]),
+    ]
+
+
+def test_the_rank_rule_holds_for_the_final_groups_too() -> None:
+    """The reader's producer is the engine's, but lands in another group: still a crossing."""
+    nodes = [
+        helper.make_node("Squeeze", ["x", "axes"], ["s"], name="squeeze"),  # rank unknown
+        helper.make_node("Neg", ["x2"], ["b"], name="neg"),
+        helper.make_node("Abs", ["b"], ["a"], name="abs"),  # not the engine's
+        helper.make_node("Add", ["s", "a"], ["y"], name="add"),
+    ]
+    model = make_model(nodes, inputs=[("x", [2, 1, 3]), ("x2", [2, 3])])
+    model.graph.input.append(helper.make_tensor_value_info("axes", TensorProto.INT64, [1]))
+    # Walked in waves, {squeeze, neg} close a group before Abs runs; Add, in a group of its own,
+    # would read 's' (unknown rank) from the first group.
+    report = explain(
+        model, [RankedBackend("ranked", ["Squeeze", "Neg", "Add"])], min_partition_size=1
+    )
+    assert layout(report.plan) == [("ranked", ["squeeze", "neg"]), ("onnxruntime", ["abs", "add"])]
+    assert "'s', whose rank is unknown" in report.node("add").reasons["ranked"]

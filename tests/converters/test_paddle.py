@@ -9,7 +9,9 @@ converter's own reference (which ``ferry.convert`` checks too).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,7 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
+import onnx_ir as ir
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 import ferry
 from ferry.converters import (
@@ -26,6 +31,7 @@ from ferry.converters import (
     PaddleConverter,
     find_paddle_python,
 )
+from ferry.converters._paddle import VectorOperandsPass, _exit_text
 from ferry.errors import (
     BackendUnavailableError,
     ConversionError,
@@ -40,6 +46,7 @@ ATOL, RTOL = 1e-5, 1e-4
 
 # Runs in the Paddle Python: builds the models and records what Paddle computes for them.
 _BUILD = r"""
+import json
 import sys
 import warnings
 
@@ -71,6 +78,20 @@ class CNN(paddle.nn.Layer):
         return self.fc2(x)
 
 
+class Upsample(paddle.nn.Layer):
+    # Paddle 3.3 writes an interpolation's scale as a float64 list, which paddle2onnx 2.1 cannot
+    # read ("the 0th elementwise MUST be ir::FloatAttribute") in either program format.
+    def __init__(self):
+        super().__init__()
+        self.conv = paddle.nn.Conv2D(3, 4, 3, padding=1)
+
+    def forward(self, image):
+        x = self.conv(image)
+        near = paddle.nn.functional.interpolate(x, scale_factor=2.0, mode="nearest")
+        smooth = paddle.nn.functional.interpolate(x, scale_factor=[2.0, 2.0], mode="bilinear")
+        return near + smooth
+
+
 class Unsupported(paddle.nn.Layer):
     # Ops paddle2onnx 2.1 has no mapping for; each must be named in the error.
     def forward(self, x):
@@ -93,7 +114,21 @@ with paddle.pir_utils.DygraphOldIrGuard():
     paddle.jit.save(net, out + "/legacy/inference", input_spec=spec)
 x = rng.standard_normal((3, 3, 16, 16)).astype("float32")
 y = net(paddle.to_tensor(x)).numpy()
-np.savez(out + "/expected.npz", x=x, y=y)
+up = Upsample()
+up.eval()
+paddle.jit.save(up, out + "/upsample_pir/inference", input_spec=spec)
+with paddle.pir_utils.DygraphOldIrGuard():
+    paddle.jit.save(up, out + "/upsample_legacy/inference", input_spec=spec)
+np.savez(out + "/expected.npz", x=x, y=y, up=up(paddle.to_tensor(x)).numpy())
+# The output names paddle.inference gives each program, which the converted model keeps.
+names = {}
+for fmt, program in (("pir", "inference.json"), ("legacy", "inference.pdmodel")):
+    folder = out + "/" + fmt + "/"
+    config = paddle.inference.Config(folder + program, folder + "inference.pdiparams")
+    config.disable_gpu()
+    names[fmt] = paddle.inference.create_predictor(config).get_output_names()
+with open(out + "/output_names.json", "w") as f:
+    json.dump(names, f)
 paddle.jit.save(
     Unsupported(), out + "/unsupported/inference",
     input_spec=[paddle.static.InputSpec([4, 4], "float32", "x")],
@@ -103,7 +138,8 @@ paddle.jit.save(
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The test models, saved by Paddle: pir/, legacy/, unsupported/, expected.npz."""
+    """The test models, saved by Paddle: pir/, legacy/, upsample_pir/, upsample_legacy/,
+    unsupported/, expected.npz, output_names.json."""
     python = find_paddle_python()
     if python is None:
         pytest.skip(
@@ -159,6 +195,9 @@ def test_cnn_matches_paddle(
     model = result.model
     (image,) = model.graph.inputs
     assert image.name == "image"
+    # Outputs are named as paddle.inference names them (a legacy program's fetch variables).
+    names = json.loads((models / "output_names.json").read_text())[fmt]
+    assert [v.name for v in model.graph.outputs] == names
     assert image.shape is not None and str(image.shape[0]) == "batch"
     assert list(image.shape.dims[1:]) == [3, 16, 16]
     ops = {n.op_type for n in model.graph}
@@ -171,6 +210,18 @@ def test_cnn_matches_paddle(
     (one,) = session.run({"image": x[:1]}).values()
     np.testing.assert_allclose(one, y[:1], atol=ATOL, rtol=RTOL)
     assert _digest(models / fmt) == before, "the converter changed the user's files"
+
+
+@pytest.mark.parametrize("fmt", ["upsample_pir", "upsample_legacy"])
+def test_interpolation_scales_paddle_writes_as_float64(
+    models: Path, expected: dict[str, np.ndarray], fmt: str
+) -> None:
+    # paddle2onnx alone fails on both: "the 0th elementwise MUST be ir::FloatAttribute".
+    result = ferry.convert(models / fmt, example_inputs=(expected["x"],))
+    assert result.parity.passed
+    assert sum(n.op_type == "Resize" for n in result.model.graph) == 2
+    (got,) = ferry.load(result.model).run({"image": expected["x"]}).values()
+    np.testing.assert_allclose(got, expected["up"], atol=ATOL, rtol=RTOL)
 
 
 def test_folder_opset_shapes_and_reference(
@@ -249,6 +300,24 @@ def test_unsupported_ops_are_all_listed(models: Path) -> None:
     assert "pd_op.cholesky" in str(info.value) and "pd_op.det" in str(info.value)
 
 
+def test_a_paddle2onnx_failure_is_its_reason_alone(
+    models: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without ferry's rewrite of float64 scales paddle2onnx fails on this model the way it fails
+    # on any exception of its core: it prints the reason with a timestamp, a traceback, and
+    # calls sys.exit(-1) (status 255, which once read as "died with signal 127").
+    from ferry.converters import _paddle
+
+    source = re.sub(r"(?m)^F32_LISTS = .*$", "F32_LISTS = {}", _paddle._worker_source())
+    assert source != _paddle._worker_source()
+    monkeypatch.setattr(_paddle, "_worker_source", lambda: source)
+    with pytest.raises(ConversionError) as info:
+        PaddleConverter().convert(models / "upsample_pir", ConvertOptions())
+    message = str(info.value)
+    assert message.endswith(": (Unimplemented) the 0th elementwise MUST be ir::FloatAttribute")
+    assert "\n" not in message and "signal" not in message and "[ERROR]" not in message
+
+
 @pytest.mark.parametrize(
     ("damage", "fmt", "program"),
     [
@@ -289,6 +358,103 @@ def test_shapes_that_contradict_the_program(models: Path) -> None:
 
 
 # --- without Paddle -------------------------------------------------------------------------
+
+
+def _const(name: str, value: Any, *, node: bool) -> tuple[list[Any], list[Any]]:
+    """A weight as paddle2onnx writes it (a Constant node) or as an initializer."""
+    tensor = numpy_helper.from_array(np.asarray(value, dtype=np.int64), name)
+    if node:
+        return [helper.make_node("Constant", [], [name], value=tensor, name=name)], []
+    return [], [tensor]
+
+
+def _graph_model(nodes: list[Any], inits: list[Any], x: list[int], y: list[int]) -> ir.Model:
+    graph = helper.make_graph(
+        nodes,
+        "p2o",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, y)],
+        inits,
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return ir.from_proto(proto)
+
+
+def _legacy_reshape(node: bool) -> tuple[ir.Model, Any]:
+    # What paddle2onnx makes of a pre-2.5 `x.reshape([x.shape[0], 3, -1])`: the dim taken from
+    # the shape squeezed to 0-D, the fill_constant pieces left as [1].
+    nodes: list[Any] = [
+        helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+        helper.make_node("Slice", ["shape", "zero", "one", "zero"], ["dim1"], name="slice"),
+        helper.make_node("Squeeze", ["dim1", "zero"], ["dim"], name="squeeze"),
+        helper.make_node("Concat", ["dim", "three", "minus1"], ["target"], axis=0, name="cat"),
+        helper.make_node("Reshape", ["x", "target"], ["y"], name="reshape"),
+    ]
+    inits: list[Any] = []
+    for name, value in (("zero", [0]), ("one", [1]), ("three", [3]), ("minus1", [-1])):
+        n, i = _const(name, value, node=node)
+        nodes, inits = n + nodes, inits + i
+    return _graph_model(nodes, inits, [2, 6], [2, 3, 2]), lambda x: x.reshape(2, 3, -1)
+
+
+def _scalar_operands(node: bool) -> tuple[ir.Model, Any]:
+    # 0-D values where ONNX wants 1-D: Slice's starts/ends, Reshape's shape, Tile's repeats,
+    # and a Concat of 0-D values only ("axis must be in [-rank, rank-1]").
+    nodes: list[Any] = [
+        helper.make_node("Slice", ["x", "two", "five", "axis0"], ["part"], name="slice"),
+        helper.make_node("Concat", ["three_s", "one_s"], ["shape2"], axis=0, name="cat"),
+        helper.make_node("Reshape", ["part", "shape2"], ["grid"], name="to_grid"),
+        helper.make_node("Reshape", ["grid", "three_s"], ["flat"], name="to_flat"),
+        helper.make_node("Tile", ["flat", "two"], ["y"], name="tile"),
+    ]
+    inits: list[Any] = []
+    scalars = (("two", 2), ("five", 5), ("three_s", 3), ("one_s", 1), ("axis0", [0]))
+    for name, value in scalars:
+        n, i = _const(name, value, node=node)
+        nodes, inits = n + nodes, inits + i
+    return _graph_model(nodes, inits, [10], [6]), lambda x: np.tile(x[2:5], 2)
+
+
+@pytest.mark.parametrize("node", [True, False], ids=["constant-nodes", "initializers"])
+@pytest.mark.parametrize("build", [_legacy_reshape, _scalar_operands])
+def test_scalars_given_where_onnx_wants_vectors(build: Any, node: bool) -> None:
+    model, expect = build(node)
+    with pytest.raises(ConversionError, match="rank"):
+        ferry.converters.check_model(model)
+    result = VectorOperandsPass()(model)
+    assert result.modified
+    ferry.converters.check_model(model)  # ONNX's checker, with strict shape inference
+    x = np.arange(int(np.prod([d for d in model.graph.inputs[0].shape.dims])), dtype=np.float32)
+    x = x.reshape(model.graph.inputs[0].shape.numpy())
+    (got,) = ferry.load(model).run({"x": x}).values()
+    np.testing.assert_array_equal(got, expect(x))
+
+
+def test_vectors_and_higher_ranks_are_left_alone() -> None:
+    # Well-formed 1-D pieces, and a Concat of matrices with a stray scalar (not this bug).
+    a, b = helper.make_tensor_value_info, TensorProto.FLOAT
+    graph = helper.make_graph(
+        [
+            helper.make_node("Shape", ["x"], ["shape"]),
+            helper.make_node("Concat", ["shape", "minus1"], ["target"], axis=0),
+            helper.make_node("Reshape", ["x", "target"], ["y"]),
+            helper.make_node("Concat", ["x", "s"], ["bad"], axis=0),
+        ],
+        "g",
+        [a("x", b, [2, 3]), a("s", b, [])],
+        [a("y", b, None), a("bad", b, None)],
+        [numpy_helper.from_array(np.array([-1], np.int64), "minus1")],
+    )
+    model = ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    before = onnx.printer.to_text(ir.to_proto(model))
+    assert not VectorOperandsPass()(model).modified
+    assert onnx.printer.to_text(ir.to_proto(model)) == before
+
+
+def test_how_the_worker_ended_is_said_right() -> None:
+    # subprocess gives -N for a signal; paddle2onnx's sys.exit(-1) is status 255, no signal.
+    assert _exit_text(-6) == "the converter process was killed by SIGABRT"
+    assert _exit_text(255) == "the converter process exited with status 255"
 
 
 def test_sniff_and_accepts(tmp_path: Path) -> None:

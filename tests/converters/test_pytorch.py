@@ -455,3 +455,26 @@ def test_without_torch_the_error_names_the_extra(
     monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` fail
     with pytest.raises(BackendUnavailableError, match=r"pip install 'ferry\[torch\]'"):
         CONVERTER.convert(tmp_path / "model.pt", ConvertOptions())
+
+
+def test_exported_programs_dims_get_names_not_torch_symbols(tmp_path: Path) -> None:
+    """An ExportedProgram keeps no ``Dim`` names, only torch's symbols (s43): ferry names them."""
+    import torch
+
+    class Scale(torch.nn.Module):
+        def forward(self, image: torch.Tensor) -> torch.Tensor:
+            return torch.relu(image) * 2
+
+    batch, side = torch.export.Dim("batch", max=64), torch.export.Dim("side", max=1024)
+    program = torch.export.export(
+        Scale(),
+        (torch.randn(2, 3, 16, 16),),
+        dynamic_shapes={"image": {0: batch, 2: side, 3: side}},
+    )
+    result = ferry.convert(program)
+    (image,) = result.model.graph.inputs
+    assert [getattr(d, "value", d) for d in image.shape] == ["batch", 3, "image_dim2", "image_dim2"]
+    assert any("renamed" in note for note in result.notes)
+    # Names the user gives win.
+    named = ferry.convert(program, input_shapes={"image": ("n", 3, "h", "h")})
+    assert [getattr(d, "value", d) for d in named.model.graph.inputs[0].shape] == ["n", 3, "h", "h"]

@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from ferry.errors import InvalidInputError
-from ferry.runtime import TensorSpec, load_npy, parse_shape, random_feeds
+from ferry.runtime import (
+    GUESSED_SIZE,
+    TensorSpec,
+    guessed_dims,
+    load_npy,
+    parse_shape,
+    random_feeds,
+)
 
 
 def spec(name: str, shape, dtype: str, onnx_type: str = "FLOAT") -> TensorSpec:
@@ -31,12 +38,30 @@ def test_random_feeds_fit_specs_and_are_seeded() -> None:
         spec("half", (2,), "float16", "FLOAT16"),
     ]
     feeds = random_feeds(specs, {"ids": (2, 5)}, seed=1)
-    assert feeds["image"].shape == (1, 3, 8, 8) and feeds["image"].dtype == np.float32
+    # 'batch' is one dim shared by both inputs: the given ids fix it for the generated image.
+    assert feeds["image"].shape == (2, 3, 8, 8) and feeds["image"].dtype == np.float32
     assert feeds["ids"].shape == (2, 5) and feeds["ids"].dtype == np.int64
     assert feeds["ids"].min() >= 0 and feeds["ids"].max() < 10
     assert feeds["mask"].dtype == np.bool_ and feeds["half"].dtype == np.float16
     again = random_feeds(specs, {"ids": (2, 5)}, seed=1)
     assert all(np.array_equal(feeds[k], again[k]) for k in feeds)
+
+
+def test_symbolic_dims_get_sizes_that_run() -> None:
+    specs = [
+        spec("image", ("batch", 3, "h", None), "float32"),  # None: an unnamed dynamic dim
+        spec("mask", ("batch", 1, "h", None), "float32"),
+    ]
+    feeds = random_feeds(specs)
+    # Not 1x1 pixels: the first dim is the batch (1), the others a size models run at.
+    assert feeds["image"].shape == (1, 3, GUESSED_SIZE, GUESSED_SIZE)
+    assert feeds["mask"].shape == (1, 1, GUESSED_SIZE, GUESSED_SIZE)
+    assert guessed_dims(specs, None) == (
+        f"image dims 0, 2, 3 (set to 1, {GUESSED_SIZE}, {GUESSED_SIZE}); "
+        f"mask dims 0, 2, 3 (set to 1, {GUESSED_SIZE}, {GUESSED_SIZE})"
+    )
+    assert guessed_dims(specs, {"image": (1, 3, 64, 64), "mask": (1, 1, 64, 64)}) == ""
+    assert guessed_dims([spec("x", (1, 4), "float32")], None) == ""
 
 
 def test_random_feeds_errors() -> None:

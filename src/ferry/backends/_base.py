@@ -60,6 +60,8 @@ class BackendBase:
         extra: the ferry extra that installs it (``"openvino"``); empty when the engine is one of
             ferry's own dependencies, in which case ``install_hint`` names the SDK's package.
         needs: what else the engine needs beyond the package (``"needs an NVIDIA GPU"``).
+        ranked_inputs: the engine cannot take an input of unknown rank (placement then keeps
+            such tensors from crossing into it).
     """
 
     name: str
@@ -68,6 +70,7 @@ class BackendBase:
     sdk: str
     extra: str = ""
     needs: str = ""
+    ranked_inputs: bool = False
 
     @property
     def install_hint(self) -> str:

@@ -21,7 +21,7 @@ import onnx_ir as ir
 from ferry.backends._rules import RuleTable
 from ferry.errors import FerryError
 
-__all__ = ["capability"]
+__all__ = ["capability", "engine_vetoes", "rule_verdicts"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,22 +40,30 @@ def capability(
     Raises:
         FerryError: the engine failed while being asked.
     """
+    verdicts = rule_verdicts(backend, model, nodes)
+    if ask_engine:
+        accepted = [name for name in nodes if verdicts[name] is True]
+        verdicts.update(engine_vetoes(backend, model, accepted))
+    return verdicts
+
+
+def rule_verdicts(backend: Any, model: ir.Model, nodes: Sequence[str]) -> dict[str, bool | str]:
+    """The backend's rule table on each of ``nodes``: True, or the reason it is not taken."""
     by_name = {node.name: node for node in model.graph}
     rules = getattr(backend, "rules", None)
-    table = RuleTable(rules()) if callable(rules) else None
-    opsets = model.opset_imports
-    verdicts: dict[str, bool | str] = {}
-    for name in nodes:
-        if table is None:
-            verdicts[name] = f"{backend.name} declares no op rules"
-        else:
-            verdicts[name] = table.supports(by_name[name], opsets)
-    accepted = [name for name in nodes if verdicts[name] is True]
+    if not callable(rules):
+        return dict.fromkeys(nodes, f"{backend.name} declares no op rules")
+    table = RuleTable(rules())
+    return {name: table.supports(by_name[name], model.opset_imports) for name in nodes}
+
+
+def engine_vetoes(backend: Any, model: ir.Model, accepted: Sequence[str]) -> dict[str, str]:
+    """What the engine itself refuses among the nodes its rules ``accepted``, with reasons."""
     check = getattr(backend, "validate", None)
-    if not ask_engine or not accepted or not callable(check):
-        return verdicts
+    if not accepted or not callable(check):
+        return {}
     try:
-        vetoed = check(model, accepted)
+        vetoed = check(model, list(accepted))
     except FerryError:
         raise
     except Exception as e:  # an engine's own exception types; name the backend
@@ -63,9 +71,11 @@ def capability(
             f"backend {backend.name!r} failed while validating {len(accepted)} candidate "
             f"node(s): {e}; partition with validate=False to rely on its rules alone"
         ) from e
+    wanted = set(accepted)
+    found = {}
     for name, why in dict(vetoed or {}).items():
-        if verdicts.get(name) is not True:
+        if name not in wanted:
             logger.debug("%s vetoed %r, which was not a candidate", backend.name, name)
             continue
-        verdicts[name] = f"vetoed by {backend.name}: {why}"
-    return verdicts
+        found[name] = f"vetoed by {backend.name}: {why}"
+    return found

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -275,7 +276,9 @@ def session_options(options: dict[str, Any] | Any) -> Any:
         so.intra_op_num_threads = int(threads)
         # Ops run one at a time in sequential mode, so inter-op threads would only idle.
         so.inter_op_num_threads = 1
-    so.log_severity_level = 3  # ORT's warnings go to stderr otherwise, past the user's logging
+    # ORT prints its warnings and errors (ANSI-coloured) straight to stderr, past the caller's
+    # logging; every error also comes back as the exception ferry reports, so print nothing.
+    so.log_severity_level = _SILENT
     return so
 
 
@@ -388,12 +391,21 @@ def _unpack(data: np.ndarray, bits: int) -> np.ndarray:
     return np.stack(lanes, axis=1).reshape(-1).astype(np.uint8)
 
 
+#: ORT's log severity that prints nothing but fatal errors (0 verbose .. 4 fatal).
+_SILENT = 4
+# "/onnxruntime_src/.../reshape_helper.h:91 onnxruntime::ReshapeHelper::ReshapeHelper(...) x was
+# false. ": where in ORT's C++ a check failed, which says nothing to a user.
+_SOURCE_LOCATION = re.compile(r"/onnxruntime_src/\S+:\d+ [^(]*\(.*?\)(?: [^.]*? was false\.)? ?")
+
+
 def _first_line(e: BaseException) -> str:
+    """What ORT said, without its error-code prefix and C++ source locations."""
     text = str(e).strip()
-    # ORT prefixes messages with "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : " and source paths.
+    # ORT prefixes messages with "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : ".
     if "] : " in text:
         text = text.split(" : ", 3)[-1]
-    return text.splitlines()[0] if text else type(e).__name__
+    text = _SOURCE_LOCATION.sub("", text)
+    return text.splitlines()[0].strip() if text else type(e).__name__
 
 
 def _load_error(model: ir.Model, e: BaseException) -> Exception:

@@ -81,6 +81,8 @@ class OpenVINOBackend(BackendBase):
     precisions = ("fp32", "bf16", "fp16")
     sdk = "openvino"
     extra = "openvino"
+    #: Its Parameters need a rank: no tensor of unknown rank may come to it from another engine.
+    ranked_inputs = True
 
     def rules(self) -> Sequence[OpRule]:
         return _rules()
@@ -248,6 +250,8 @@ class OpenVINOPartition:
     ) -> dict[str, np.ndarray]:
         names = self.output_names if outputs is None else outputs
         index = self._in_index
+        if any(v.dtype.char in _DTYPE_ALIASES for v in inputs.values()):
+            inputs = {n: _canonical(v) for n, v in inputs.items()}
         try:
             request = self._free.pop()
         except IndexError:  # every request is busy in another thread
@@ -585,6 +589,22 @@ def _port_fits(port: Any, value: ir.Value) -> bool:
             pass  # a type one side cannot express in numpy: do not rule it out on that
     rank = port.get_partial_shape().rank
     return value.shape is None or rank.is_dynamic or rank.get_length() == len(value.shape)
+
+
+#: numpy spells 64-bit integers two ways (``longlong`` 'q', which ONNX Runtime's results have,
+#: and ``int64`` 'l' on Linux); they compare equal, but OpenVINO's Python API knows only the
+#: latter: "Unsupported data type: int64".
+_DTYPE_ALIASES = {
+    np.dtype(alias).char: np.dtype(canonical)
+    for alias, canonical in ((np.longlong, np.int64), (np.ulonglong, np.uint64))
+    if np.dtype(alias).char != np.dtype(canonical).char
+}
+
+
+def _canonical(value: np.ndarray) -> np.ndarray:
+    """``value`` viewed with the dtype spelling OpenVINO knows (no copy)."""
+    canonical = _DTYPE_ALIASES.get(value.dtype.char)
+    return value if canonical is None else value.view(canonical)
 
 
 def _type_name(value: Any) -> str:

@@ -52,11 +52,11 @@ from typing import TYPE_CHECKING, Any
 import onnx
 import onnx_ir as ir
 
-from ferry.backends._capability import capability
+from ferry.backends._capability import engine_vetoes, rule_verdicts
 from ferry.backends._registry import FALLBACK, get_backend, parse_backends
 from ferry.errors import FerryError, InvalidInputError
-from ferry.graph import Dim, dtype_name, load_model, node_reads, prepare, subgraphs
-from ferry.plan import Partition, Plan, boundary
+from ferry.graph import Dim, dtype_name, load_model, node_reads, prepare, shape_of, subgraphs
+from ferry.plan import Partition, Plan, boundary, is_constant
 
 if TYPE_CHECKING:
     import os
@@ -407,31 +407,66 @@ class _Partitioner:
                 continue
             self.reasons[i][name] = why
         names = [self.graph.nodes[i].name or "" for i in asked]
-        verdicts = capability(backend, self.model, names, ask_engine=self.validate)
+        verdicts = rule_verdicts(backend, self.model, names)
         candidates: set[int] = set()
         for i, node_name in zip(asked, names):
-            verdict = verdicts[node_name]
-            if verdict is True:
+            if verdicts[node_name] is True:
                 candidates.add(i)
             else:
-                self.reasons[i][name] = str(verdict)
-        if not candidates:
-            return
-        groups = [seg for supported, seg in self._waves(candidates) if supported]
+                self.reasons[i][name] = str(verdicts[node_name])
+        ranked = bool(getattr(backend, "ranked_inputs", False))
+        if ranked:
+            while self._drop_rankless_reads(name, candidates, [candidates]):
+                pass
+        if self.validate and candidates:
+            by_name = {self.graph.nodes[i].name or "": i for i in candidates}
+            for node_name, why in engine_vetoes(backend, self.model, sorted(by_name)).items():
+                candidates.discard(by_name[node_name])
+                self.reasons[by_name[node_name]][name] = why
         everything = sum(1 for i in range(len(self.graph.nodes)) if not self.graph.attached[i])
-        for units in groups:
-            members = sorted(i for u in units for i in self.units[u])
-            size = sum(1 for i in members if not _uncounted(self.graph.nodes[i]))
-            if size < self.min_size and len(members) < everything:
-                why = (
-                    f"its group of {len(members)} node(s) on {name} has {size} that compute "
-                    f"(Identity/Reshape/Shape-like ops do not count), fewer than "
-                    f"min_partition_size={self.min_size}"
-                )
-                for i in members:
-                    self.reasons[i][name] = why
-                continue
+        while True:
+            kept: list[list[int]] = []
+            for units in (seg for supported, seg in self._waves(candidates) if supported):
+                members = sorted(i for u in units for i in self.units[u])
+                size = sum(1 for i in members if not _uncounted(self.graph.nodes[i]))
+                if size < self.min_size and len(members) < everything:
+                    why = (
+                        f"its group of {len(members)} node(s) on {name} has {size} that compute "
+                        f"(Identity/Reshape/Shape-like ops do not count), fewer than "
+                        f"min_partition_size={self.min_size}"
+                    )
+                    for i in members:
+                        self.reasons[i][name] = why
+                    continue
+                kept.append(members)
+            # A group that reads a value of unknown rank from another engine cannot be compiled
+            # by an engine that needs ranked inputs: leave those readers out and group again.
+            if not (ranked and self._drop_rankless_reads(name, candidates, kept)):
+                break
+        for members in kept:
             self._fix(members, name)
+
+    def _drop_rankless_reads(
+        self, backend: str, candidates: set[int], groups: Iterable[Iterable[int]]
+    ) -> bool:
+        """Take out of ``candidates`` the nodes of ``groups`` that read a value of unknown rank from
+        outside their group (a graph input, or a node of another engine); say whether any were."""
+        dropped = False
+        for group in [set(g) for g in groups]:
+            for i in sorted(group):
+                for value in self.graph.reads[i]:
+                    if value.shape is not None or is_constant(value):
+                        continue
+                    if self.graph.producer_index(value) in group:
+                        continue
+                    candidates.discard(i)
+                    self.reasons[i][backend] = (
+                        f"reads {value.name!r}, whose rank is unknown, from outside its {backend} "
+                        f"partition; {backend} needs inputs of known rank"
+                    )
+                    dropped = True
+                    break
+        return dropped
 
     def _fix(self, members: list[int], backend: str) -> None:
         """Make ``members`` (single-node units) one unit that runs on ``backend``."""
@@ -731,17 +766,16 @@ def _op_name(node: ir.Node) -> str:
 
 def _boundary(value: ir.Value, producer: int, consumers: tuple[int, ...]) -> BoundaryTensor:
     dtype = dtype_name(value.dtype) if value.dtype is not None else None
-    shape: tuple[Dim, ...] | None = None
+    shape = shape_of(value)
     nbytes: int | None = None
-    if value.shape is not None:
-        shape = tuple(d if isinstance(d, int) else d.value for d in value.shape)
-        if value.dtype is not None and all(isinstance(d, int) for d in shape):
-            try:
-                bits = value.dtype.bitwidth
-            except (TypeError, ValueError):  # strings and other types without a fixed width
-                bits = None
-            if bits is not None:
-                nbytes = math.ceil(math.prod(int(d) for d in shape if d is not None) * bits / 8)
+    sizes = [d for d in shape or () if isinstance(d, int)]
+    if shape is not None and value.dtype is not None and len(sizes) == len(shape):
+        try:
+            bits = value.dtype.bitwidth
+        except (TypeError, ValueError):  # strings and other types without a fixed width
+            bits = None
+        if bits is not None:
+            nbytes = math.ceil(math.prod(sizes) * bits / 8)
     return BoundaryTensor(value.name or "", producer, consumers, dtype, shape, nbytes)
 
 

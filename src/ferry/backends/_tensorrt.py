@@ -283,6 +283,8 @@ class TensorRTBackend(BackendBase):
     sdk = "tensorrt"
     extra = "tensorrt"
     needs = "needs an NVIDIA GPU"
+    #: Its network inputs need a rank: no tensor of unknown rank may come to it from elsewhere.
+    ranked_inputs = True
 
     @property
     def version(self) -> str:

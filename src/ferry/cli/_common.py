@@ -41,14 +41,15 @@ def session_options(f: F) -> F:
 
 def input_options(f: F) -> F:
     f = click.option(
-        "--seed", type=int, default=0, show_default=True, help="Seed for --random inputs."
+        "--seed", type=int, default=0, show_default=True, help="Seed for generated inputs."
     )(f)
     f = click.option(
         "--shape",
         "shapes",
         multiple=True,
         metavar="NAME=DIMS",
-        help="Shape of a generated input, e.g. input=8x3x224x224 (symbolic dims default to 1).",
+        help="Shape of a generated input, e.g. input=8x3x224x224 (otherwise a symbolic first "
+        "dim is 1 and other symbolic dims 224).",
     )(f)
     f = click.option(
         "--input",
@@ -76,9 +77,13 @@ def split_pairs(pairs: Sequence[str], option: str) -> dict[str, str]:
 
 def build_feeds(
     session: Any, input_files: Sequence[str], shapes: Sequence[str], seed: int, *, random: bool
-) -> dict[str, Any]:
-    """Inputs for ``session`` from ``--input`` files, the rest generated when ``random`` is set."""
-    from ferry.runtime import load_npy, parse_shape, random_feeds
+) -> tuple[dict[str, Any], str]:
+    """Inputs for ``session`` from ``--input`` files, the rest generated when ``random`` is set.
+
+    Returns the feeds and, in words, the symbolic dims that generating them had to guess (empty
+    when none): say them when the model fails, so the user knows which ``--shape`` to give.
+    """
+    from ferry.runtime import guessed_dims, load_npy, parse_shape, random_feeds
 
     files = split_pairs(input_files, "--input")
     shape_map = {k: parse_shape(v) for k, v in split_pairs(shapes, "--shape").items()}
@@ -97,10 +102,25 @@ def build_feeds(
             + ", ".join(f"{s.name!r} ({s.describe()})" for s in rest)
             + "; pass --input NAME=FILE.npy or --random"
         )
-    feeds.update(
-        random_feeds(rest, {k: v for k, v in shape_map.items() if k not in feeds}, seed=seed)
-    )
-    return feeds
+    generated_shapes = {k: v for k, v in shape_map.items() if k not in feeds}
+    feeds.update(random_feeds(rest, generated_shapes, seed=seed))
+    return feeds, guessed_dims(rest, generated_shapes)
+
+
+def run_feeds(session: Any, feeds: dict[str, Any], guessed: str) -> dict[str, Any]:
+    """``session.run(feeds)``; when the model fails on inputs whose sizes were guessed, say which
+    dims were guessed and how to give the real ones."""
+    from ferry.errors import ExecutionError
+
+    try:
+        return dict(session.run(feeds))
+    except ExecutionError as e:
+        if not guessed:
+            raise
+        raise InvalidInputError(
+            f"{e}. The inputs were generated with guessed sizes for {guessed}: give the sizes "
+            "the model takes with --shape NAME=DIMS (e.g. --shape x=1x3x640x640)"
+        ) from e
 
 
 def write_json(data: Any, path: str | os.PathLike[str]) -> None:

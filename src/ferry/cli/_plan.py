@@ -15,6 +15,7 @@ from ferry.cli._common import (
     input_options,
     model_argument,
     parse_tolerance,
+    run_feeds,
     write_json,
 )
 
@@ -106,7 +107,8 @@ def command(
     tol = parse_tolerance(tolerance)
     result: dict[str, Any] = {}
     session = load(work)
-    feeds = build_feeds(session, input_files, shapes, seed, random=True)
+    feeds, guessed = build_feeds(session, input_files, shapes, seed, random=True)
+    run_feeds(session, feeds, guessed)  # fail here, saying which sizes to give, not mid-plan
     made = make_plan(
         work,
         backends,

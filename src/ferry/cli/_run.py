@@ -11,7 +11,14 @@ import numpy as np
 from rich.markup import escape
 from rich.table import Table
 
-from ferry.cli._common import build_feeds, console, input_options, model_argument, session_options
+from ferry.cli._common import (
+    build_feeds,
+    console,
+    input_options,
+    model_argument,
+    run_feeds,
+    session_options,
+)
 
 
 @click.command("run")
@@ -47,11 +54,12 @@ def command(
     import ferry
 
     session = ferry.load(model, backends=backends, threads=threads)
-    feeds = build_feeds(session, input_files, shapes, seed, random=random_inputs)
-    outputs = session.run(feeds)
+    feeds, guessed = build_feeds(session, input_files, shapes, seed, random=random_inputs)
+    outputs = run_feeds(session, feeds, guessed)
     table = Table(
         "output", "shape", "dtype", "min", "max", "mean", "std", show_edge=False, box=None
     )
+    table.columns[0].overflow = "fold"  # exporters' output names are long; show them whole
     for name, value in outputs.items():
         table.add_row(
             escape(name), escape(str(list(value.shape))), str(value.dtype), *_stats(value)

@@ -22,8 +22,15 @@ The worker first loads the model with Paddle itself (which catches a missing or 
 ``.pdiparams`` with Paddle's own message) and lists the program's ops against paddle2onnx's
 registry of convertible ops (paddle2onnx 2.x no longer prints which ops it lacks before it aborts),
 then converts. The reference runs the inference model with ``paddle.inference`` in the same
-Python, without Paddle's graph optimizations, so it is the program as written; an in-memory Layer
-is its own reference, run in this process in eval mode.
+Python, without Paddle's graph optimizations and with Paddle's own CPU kernels (not oneDNN's), so
+it is the program as written; an in-memory Layer is its own reference, run in this process in
+eval mode.
+
+Where paddle2onnx 2.1 and the Paddle beside it disagree, ferry mends the two known classes of
+failure on the way: attributes Paddle 3.3 writes in a newer type are written back in the old one
+before paddle2onnx reads the program (the worker's ``program_for_p2o``), and the 0-D scalars
+paddle2onnx makes of a legacy program's one-element shape tensors are made one-element vectors
+again where ONNX demands them (:class:`VectorOperandsPass`).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx_ir as ir
 
 from ferry.converters._base import (
     DEFAULT_BATCH,
@@ -68,11 +77,13 @@ from ferry.errors import (
     ModelLoadError,
     UnsupportedOpError,
 )
+from ferry.graph import infer_value_types
 
 __all__ = [
     "DEFAULT_OPSET",
     "PADDLE_PYTHON_ENV",
     "PaddleConverter",
+    "VectorOperandsPass",
     "default_paddle_venv",
     "find_paddle_python",
 ]
@@ -92,6 +103,8 @@ _LEGACY_SUFFIX = ".pdmodel"
 _PIR_SUFFIX = ".json"
 # How paddle2onnx names the dims it knows nothing about.
 _P2O_DIM = re.compile(r"DynamicDimension\.\d+")
+# The worker's own exit codes (0 ok, 3 missing module, 4 load, 5 export, 6 run, 7 internal).
+_WORKER_CODES = frozenset({0, 3, 4, 5, 6, 7})
 
 _SETUP = (
     "paddle2onnx pins onnx<=1.17, so ferry runs it in a Python environment of its own: run "
@@ -304,7 +317,6 @@ def _convert_files(
 ) -> Converted:
     """Convert a program file; with ``run_files`` the reference runs it with Paddle (else the
     caller sets one)."""
-    import onnx_ir as ir
     from onnx_ir.passes.common import LiftConstantsToInitializersPass
 
     label = label or str(model_file)
@@ -338,6 +350,15 @@ def _convert_files(
                 f"paddle2onnx wrote an unreadable model for {label}: {e}; {_log_reason(log)}"
             ) from e
     logger.debug("paddle2onnx log for %s:\n%s", label, log)
+    if report.get("rewritten"):
+        logger.info(
+            "%s: float64 attribute lists given to paddle2onnx as float32: %s",
+            label,
+            ", ".join(sorted(set(report["rewritten"]))),
+        )
+    # On paddle2onnx's graph as it wrote it: weights still in Constant nodes.
+    VectorOperandsPass()(model)
+    _name_outputs(model, report.get("fetch_names"), label)
 
     reached = model.opset_imports.get("", opset)
     if reached > opset:
@@ -401,14 +422,25 @@ def _raise_for_export(
         reason = str(report["message"])
     else:
         reason = _log_reason(log)
-    if code < 0 or code > 128:
-        reason += f" (the converter process died with {_exit_text(code)})"
+    if code not in _WORKER_CODES:
+        reason += f" ({_exit_text(code)})"
     raise ConversionError(f"paddle2onnx failed to convert {label}: {reason}")
 
 
 def _exit_text(code: int) -> str:
-    signum = -code if code < 0 else code - 128
-    return f"signal {signum}" if signum > 0 else f"exit code {code}"
+    """How the worker process ended, from ``subprocess``'s return code.
+
+    The worker is started directly, not through a shell: a negative code is the signal that
+    killed it (paddle2onnx's C++ core aborts with SIGABRT), any other is its exit status
+    (Python's ``sys.exit(-1)`` is 255, which is not "signal 127").
+    """
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"the converter process was killed by {name}"
+    return f"the converter process exited with status {code}"
 
 
 def _log_reason(log: str) -> str:
@@ -429,13 +461,118 @@ def _log_reason(log: str) -> str:
     return text[:1000] or "no message (run with logging at DEBUG to see the converter's output)"
 
 
+# --- repairing paddle2onnx's output ----------------------------------------------------------
+
+# Operands ONNX requires to be 1-D (by input index): shapes, repeats, slice bounds, pads, sizes.
+_VECTOR_OPERANDS: dict[str, tuple[int, ...]] = {
+    "Reshape": (1,),
+    "Expand": (1,),
+    "Tile": (1,),
+    "ConstantOfShape": (0,),
+    "Slice": (1, 2, 3, 4),
+    "Pad": (1,),
+    "Resize": (1, 2, 3),
+    "TopK": (1,),
+    "Squeeze": (1,),
+    "Unsqueeze": (1,),
+}
+
+
+class VectorOperandsPass(ir.passes.InPlacePass):
+    """Give ONNX the one-element vectors a legacy Paddle program had, where paddle2onnx made
+    0-D scalars of them.
+
+    Programs saved by Paddle before 2.5 have no 0-D tensors: an index or a slice that drops the
+    only axis of a shape tensor (``x.shape[0]``) is a tensor of shape [1] there, and so is every
+    ``fill_constant`` of a shape list. paddle2onnx 2.x, written for 0-D Paddle, squeezes the
+    first to 0-D but keeps the second 1-D, so the ``Concat`` that assembles a new shape (every
+    ``reshape`` with a computed dim) mixes ranks, and ONNX's checker and every runtime refuse the
+    model ("All inputs to Concat must have same rank", "axis must be in [-rank, rank-1]"). A 0-D
+    value where ONNX demands a 1-D one has a single reading, the one-element vector it was in
+    Paddle, so the repair is exact.
+
+    Before -> After::
+
+        Concat(axis=0)(a: [1], s: [], b: [1])  ->  Concat(axis=0)(a, Reshape(s, [1]), b)
+        Reshape(x, s: [])                       ->  Reshape(x, Reshape(s, [1]))
+        (likewise the 1-D operands of Expand, Tile, ConstantOfShape, Slice, Pad, Resize, TopK,
+        Squeeze and Unsqueeze)
+
+    Ranks come from ONNX shape inference, which reads weights whether they are initializers or
+    Constant nodes (paddle2onnx writes the latter). A value of unknown rank is left as it is; a
+    Concat that also takes inputs of rank 2 or more is not this bug and is left to the checker.
+    """
+
+    _ROUNDS = 8  # each round can reveal ranks downstream of the Concats it mended
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        modified = False
+        for _ in range(self._ROUNDS):
+            ranks = {
+                name: len(shape)
+                for name, (_, shape) in infer_value_types(model).items()
+                if shape is not None
+            }
+            if not self._mend(model, ranks):
+                break
+            modified = True
+        return ir.passes.PassResult(model, modified=modified)
+
+    def _mend(self, model: ir.Model, ranks: dict[str, int]) -> bool:
+        vectors: dict[tuple[int, ir.Value], ir.Value] = {}
+        mended = False
+        for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
+            if node.domain not in ("", "ai.onnx") or node.graph is None:
+                continue
+            known = [None if v is None else ranks.get(v.name or "") for v in node.inputs]
+            if node.op_type == "Concat":
+                if any(r is not None and r > 1 for r in known):
+                    continue
+                positions = [i for i, r in enumerate(known) if r == 0]
+            else:
+                operands = _VECTOR_OPERANDS.get(node.op_type, ())
+                positions = [i for i in operands if i < len(known) and known[i] == 0]
+            for i in positions:
+                value = node.inputs[i]
+                if value is None:
+                    continue
+                # One vector per value and graph: a subgraph may not see its parent's later nodes.
+                key = (id(node.graph), value)
+                if key not in vectors:
+                    vectors[key] = _as_vector(node, node.graph, value, len(vectors))
+                node.replace_input_with(i, vectors[key])
+                mended = True
+        return mended
+
+
+def _as_vector(consumer: ir.Node, graph: ir.Graph, value: ir.Value, serial: int) -> ir.Value:
+    """A ``Reshape(value, [1])`` placed before ``consumer`` in ``graph``."""
+    base = f"{value.name or 'scalar'}__vector{serial}"
+    shape = ir.Node(
+        "",
+        "Constant",
+        [],
+        attributes=[ir.AttrTensor("value", ir.tensor(np.array([1], dtype=np.int64)))],
+        name=f"{base}_shape",
+    )
+    shape.outputs[0].name = f"{base}_shape"
+    shape.outputs[0].dtype = ir.DataType.INT64
+    shape.outputs[0].shape = ir.Shape([1])
+    reshape = ir.Node("", "Reshape", [value, shape.outputs[0]], name=base)
+    out = reshape.outputs[0]
+    out.name = base
+    if value.dtype is not None:  # a value_info needs both; inference fills them in otherwise
+        out.dtype = value.dtype
+        out.shape = ir.Shape([1])
+    graph.insert_before(consumer, [shape, reshape])
+    return out
+
+
 # --- the model's interface -------------------------------------------------------------------
 
 
 def _fix_interface(model: Any, options: ConvertOptions) -> None:
     """Name open dims (``batch``, ``<input>_<axis>``), then apply input_shapes/dynamic_axes."""
-    import onnx_ir as ir
-
     graph = model.graph
     inputs = {v.name: v for v in graph.inputs}
     check_input_options(options, list(inputs))
@@ -512,6 +649,27 @@ def _fix_interface(model: Any, options: ConvertOptions) -> None:
                     for d in value.shape.dims
                 ]
             )
+
+
+def _name_outputs(model: ir.Model, names: Sequence[str] | None, label: str) -> None:
+    """Name the outputs as ``paddle.inference`` names them.
+
+    Translating a legacy program to PIR renames its fetch variables (``sigmoid_0.tmp_0``) to
+    ``fetch_name_N``, which paddle2onnx keeps; the names a Paddle user knows are the first.
+    """
+    outputs = list(model.graph.outputs)
+    if not names or len(names) != len(outputs) or len(set(names)) != len(names):
+        return
+    taken = {
+        v.name
+        for v in (*model.graph.inputs, *(o for n in model.graph for o in n.outputs))
+        if v not in outputs
+    }
+    if taken & set(names):
+        logger.debug("%s: outputs keep paddle2onnx's names; Paddle's are taken", label)
+        return
+    for value, name in zip(outputs, names):
+        value.name = name
 
 
 def _dim_name(d: Any) -> int | str | None:

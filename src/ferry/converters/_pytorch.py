@@ -1035,7 +1035,44 @@ def _finish_dynamo_model(
     fixed = _static_axes(model, axes)
     if fixed:
         _raise_static(fixed, "the model")
+    _name_torch_symbols(model, notes)
     _detach(model)
+
+
+# torch.export's own names for sizes it traced symbolically: s0, s43 (backed), u0 (unbacked).
+_TORCH_SYMBOL = re.compile(r"^[su]\d+$")
+
+
+def _name_torch_symbols(model: ir.Model, notes: list[str]) -> None:
+    """Give the dims torch.export named ``s43`` a name that says where they come from.
+
+    Before -> After::
+
+        x: [s43, 3, s77, s77], y: [s43, 10]  ->  x: [batch, 3, x_dim2, x_dim2], y: [batch, 10]
+
+    An ExportedProgram keeps no trace of the ``Dim("batch")`` names it was exported with, so
+    the names are made from the inputs: a symbol only ever seen as a first dim is ``batch``, any
+    other ``<input>_dim<axis>`` where it first appears. Names the user gave (``dynamic_axes``,
+    ``--shape``) were applied before and are not touched.
+    """
+    seen: dict[str, list[tuple[str, int]]] = {}
+    for value in model.graph.inputs:
+        for axis, d in enumerate(value.shape or ()):
+            name = getattr(d, "value", None)
+            if isinstance(name, str) and _TORCH_SYMBOL.match(name):
+                seen.setdefault(name, []).append((value.name or "input", axis))
+    batch_like = [sym for sym, places in seen.items() if all(axis == 0 for _, axis in places)]
+    renames = {}
+    for sym, places in seen.items():
+        name, axis = places[0]
+        renames[sym] = "batch" if batch_like == [sym] else f"{name}_dim{axis}"
+    if renames:
+        _rename_dims(model, renames)
+        listed = ", ".join(f"{old} -> {new}" for old, new in renames.items())
+        notes.append(
+            f"torch.export names dynamic dims after its own symbols; renamed {listed} (name them "
+            "yourself with dynamic_axes or --shape NAME=batch,3,height,width)"
+        )
 
 
 def _tree_paths(tree: Any) -> list[tuple[Any, ...]]:

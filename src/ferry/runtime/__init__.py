@@ -16,7 +16,15 @@ from ferry.runtime._cache import (
     engine_key,
     resolve_cache,
 )
-from ferry.runtime._feeds import concrete_shape, load_npy, parse_dims, parse_shape, random_feeds
+from ferry.runtime._feeds import (
+    GUESSED_SIZE,
+    concrete_shape,
+    guessed_dims,
+    load_npy,
+    parse_dims,
+    parse_shape,
+    random_feeds,
+)
 from ferry.runtime._session import (
     AUTO_BUDGET_S,
     PlanChoice,
@@ -31,6 +39,7 @@ from ferry.runtime._verify import PartitionCheck, all_values, verify_plan
 __all__ = [
     "AUTO_BUDGET_S",
     "DEFAULT_MAX_BYTES",
+    "GUESSED_SIZE",
     "AutoChoice",
     "CacheEntry",
     "Candidate",
@@ -47,6 +56,7 @@ __all__ = [
     "default_cache_dir",
     "engine_key",
     "format_shape",
+    "guessed_dims",
     "load",
     "load_npy",
     "lower_plan",

@@ -12,7 +12,20 @@ import numpy as np
 from ferry.errors import InvalidInputError
 from ferry.runtime._specs import TensorSpec
 
-__all__ = ["concrete_shape", "load_npy", "parse_dims", "parse_shape", "random_feeds"]
+__all__ = [
+    "GUESSED_SIZE",
+    "concrete_shape",
+    "guessed_dims",
+    "load_npy",
+    "parse_dims",
+    "parse_shape",
+    "random_feeds",
+]
+
+#: The size generated inputs get for a symbolic dim past the first: big enough for image models
+#: (a multiple of 32, as detectors' strides want) and sequence models to run; the first dim (the
+#: batch, as a rule) gets 1.
+GUESSED_SIZE = 224
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -50,8 +63,18 @@ def parse_dims(text: str) -> tuple[int | str, ...]:
     return tuple(dims)
 
 
-def concrete_shape(spec: TensorSpec, given: Sequence[int] | None = None) -> tuple[int, ...]:
-    """A shape to feed ``spec``: ``given`` if any (checked against fixed dims), else symbolic dims as 1."""
+def concrete_shape(
+    spec: TensorSpec,
+    given: Sequence[int] | None = None,
+    *,
+    sizes: dict[str, int] | None = None,
+) -> tuple[int, ...]:
+    """A shape to feed ``spec``: ``given`` if any (checked against fixed dims), else a guess.
+
+    The guess keeps fixed dims, sets a symbolic first dim (the batch, as a rule) to 1 and any
+    other symbolic dim to :data:`GUESSED_SIZE`. A named dim takes the size it already has in
+    ``sizes`` (which records the guesses), so dims that share a name stay equal across inputs.
+    """
     if given is not None:
         given = tuple(given)
         if spec.shape is not None:
@@ -65,12 +88,39 @@ def concrete_shape(spec: TensorSpec, given: Sequence[int] | None = None) -> tupl
                     raise InvalidInputError(
                         f"shape {list(given)} for input {spec.name!r}: dim {axis} is fixed at {want}"
                     )
+                if isinstance(want, str) and sizes is not None:
+                    sizes.setdefault(want, got)
         return given
     if spec.shape is None:
         raise InvalidInputError(
             f"input {spec.name!r} has unknown rank; give its shape, e.g. --shape {spec.name}=1x3x224x224"
         )
-    return tuple(d if isinstance(d, int) else 1 for d in spec.shape)
+    known = sizes if sizes is not None else {}
+    shape = []
+    for axis, d in enumerate(spec.shape):
+        if isinstance(d, int):
+            shape.append(d)
+            continue
+        guess = 1 if axis == 0 else GUESSED_SIZE
+        shape.append(known.setdefault(d, guess) if isinstance(d, str) else guess)
+    return tuple(shape)
+
+
+def guessed_dims(specs: Sequence[TensorSpec], shapes: Mapping[str, Sequence[int]] | None) -> str:
+    """Which dims :func:`random_feeds` guessed for ``specs`` (those without a given shape), in
+    words for an error message: ``"x dims 2, 3 (set to 224, 224)"``; empty when none were."""
+    sizes: dict[str, int] = {}
+    parts = []
+    for spec in specs:
+        if (shapes and spec.name in shapes) or spec.shape is None:
+            continue
+        shape = concrete_shape(spec, sizes=sizes)
+        axes = [i for i, d in enumerate(spec.shape) if not isinstance(d, int)]
+        if axes:
+            where = ", ".join(str(i) for i in axes)
+            got = ", ".join(str(shape[i]) for i in axes)
+            parts.append(f"{spec.name} dim{'s' if len(axes) > 1 else ''} {where} (set to {got})")
+    return "; ".join(parts)
 
 
 def random_feeds(
@@ -81,7 +131,9 @@ def random_feeds(
 ) -> dict[str, np.ndarray]:
     """Random inputs that fit ``specs``: standard normal floats, small non-negative ints, coin-flip bools.
 
-    Integers stay in [0, 10) because integer inputs are usually indices or token ids.
+    Shapes are ``shapes[name]`` where given, else :func:`concrete_shape`'s guess (symbolic first
+    dim 1, other symbolic dims :data:`GUESSED_SIZE`, shared names equal). Integers stay in
+    [0, 10) because integer inputs are usually indices or token ids.
     """
     shapes = dict(shapes or {})
     unknown = set(shapes) - {s.name for s in specs}
@@ -91,11 +143,14 @@ def random_feeds(
             f"{', '.join(repr(s.name) for s in specs)}"
         )
     rng = np.random.default_rng(seed)
-    feeds: dict[str, np.ndarray] = {}
-    for spec in specs:
-        shape = concrete_shape(spec, shapes.get(spec.name))
-        feeds[spec.name] = _random_array(spec, shape, rng)
-    return feeds
+    sizes: dict[str, int] = {}
+    # Given shapes first, so that a named dim they fix is what the guesses follow.
+    ordered = sorted(specs, key=lambda s: s.name not in shapes)
+    arrays = {}
+    for spec in ordered:
+        shape = concrete_shape(spec, shapes.get(spec.name), sizes=sizes)
+        arrays[spec.name] = _random_array(spec, shape, rng)
+    return {spec.name: arrays[spec.name] for spec in specs}
 
 
 def _random_array(spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:

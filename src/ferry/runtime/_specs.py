@@ -15,7 +15,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ferry.errors import InvalidInputError
-from ferry.graph import Dim, dtype_name
+from ferry.graph import Dim, dtype_name, shape_of
 
 __all__ = ["InputChecker", "TensorSpec", "format_shape", "spec_of"]
 
@@ -63,10 +63,8 @@ def spec_of(
     value: ir.Value, inferred: tuple[str | None, tuple[Dim, ...] | None] | None = None
 ) -> TensorSpec:
     """The spec of a graph value, filling what the graph leaves out from shape inference."""
-    shape: tuple[Dim, ...] | None = None
-    if value.shape is not None:
-        shape = tuple(d if isinstance(d, int) else d.value for d in value.shape)
-    elif inferred is not None:
+    shape = shape_of(value)
+    if shape is None and inferred is not None:
         shape = inferred[1]
     dtype = value.dtype
     if dtype is None and inferred is not None and inferred[0] is not None:

@@ -1,0 +1,104 @@
+"""The real-model kit as the real tier sees it: where it is, each model's entry, inputs and judge.
+
+The kit (``tests/real/kit``: a copy of the project's shared kit) describes 18 trained models
+made by other people; ``scripts/fetch-kit.sh`` downloads them into ``$FERRY_KIT`` (default
+``~/.cache/ferry-kit``). Each model's ``judge`` says how a transformed model is compared with the
+model's own runtime at the task (``ferry.parity.judge``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ferry.parity import Judgement, judge
+
+HERE = Path(__file__).parent
+KIT_TOOLS = HERE / "kit"
+sys.path.insert(0, str(KIT_TOOLS))
+
+import inputs as _inputs  # noqa: E402  (the kit's own module: manifest and input recipes)
+
+KIT_DIR = Path(os.environ.get("FERRY_KIT") or Path.home() / ".cache" / "ferry-kit")
+MANIFEST: dict[str, dict[str, Any]] = _inputs.manifest()
+
+
+def kit_ready() -> bool:
+    """Whether ``scripts/fetch-kit.sh`` has filled the kit folder."""
+    return (KIT_DIR / "models" / ".done").is_file()
+
+
+def ids(*formats: str) -> list[str]:
+    """Kit model ids, of the given formats (``onnx``, ``tflite``, ``paddle``...) or all."""
+    return [m for m, e in MANIFEST.items() if not formats or e["format"] in formats]
+
+
+def entry(model_id: str) -> dict[str, Any]:
+    return MANIFEST[model_id]
+
+
+def path(model_id: str) -> Path:
+    """The model's file (the folder for a SavedModel or the state_dicts, ``.pdmodel`` for Paddle)."""
+    return Path(_inputs.model_path(model_id, KIT_DIR))
+
+
+def feeds(model_id: str, index: int = 0) -> dict[str, np.ndarray]:
+    """Realistic inputs for the model at its kit shapes (photos, rendered text, audio...)."""
+    return dict(_inputs.feeds(model_id, KIT_DIR, index=index))
+
+
+def convert(model_id: str, out: Path) -> Path:
+    """Convert a non-ONNX kit model with ``ferry.convert`` (verified against its source on the kit
+    inputs) and save it to ``out``. The MTCNN state_dicts go through the modules in ``mtcnn``."""
+    import ferry
+
+    source: Any = path(model_id)
+    if entry(model_id)["format"] == "torch-state-dict":
+        import mtcnn
+
+        source = mtcnn.MTCNN(source)
+    result = ferry.convert(source, example_inputs=feeds(model_id), trust_pickle=True)
+    result.save(out)
+    return out
+
+
+def judged(
+    model_id: str,
+    verb: str,
+    got: Mapping[str, np.ndarray],
+    want: Mapping[str, np.ndarray] | Iterable[np.ndarray],
+    *,
+    dequantize: Mapping[str, tuple[float, int]] | None = None,
+) -> list[Judgement]:
+    """Judge ``got`` (what ``verb`` gave) against the reference ``want`` as the kit says; fail
+    naming what differs.
+
+    ``want`` may be keyed by other names than ``got`` (a framework's own output names) or be a
+    sequence in ``got``'s order. Returns the verdicts (their scores go into the README's table).
+    """
+    if not isinstance(want, Mapping) or set(want) != set(got):
+        values = list(want.values()) if isinstance(want, Mapping) else list(want)
+        assert len(values) == len(got), (
+            f"{model_id}: {len(values)} reference outputs, {len(got)} got"
+        )
+        want = dict(zip(got, values))
+    spec = dict(entry(model_id)["judge"])
+    output = spec.get("output")
+    if output is not None and output not in got:
+        # The judged output by position, when a conversion renamed the outputs.
+        names = [o["name"] for o in entry(model_id)["outputs"]]
+        spec["output"] = list(got)[names.index(output)]
+    verdicts = judge(spec, dequantize=dequantize)(dict(got), dict(want))
+    failed = [v for v in verdicts if not v.passed]
+    assert not failed, f"{model_id}: " + "; ".join(f"{v.output}: {v.detail}" for v in failed)
+    RESULTS.append((model_id, verb, verdicts))
+    return verdicts
+
+
+#: Every judgement made in this run, for ``--real-report`` (the README's table).
+RESULTS: list[tuple[str, str, list[Judgement]]] = []
