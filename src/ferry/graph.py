@@ -17,7 +17,7 @@ import math
 import os
 import tempfile
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -412,12 +412,18 @@ class ModelSummary:
     node_count: int
     param_count: int
     param_bytes: int
-    #: FLOPs of one inference with every symbolic dim taken as 1 (Conv, ConvTranspose, MatMul, Gemm).
+    #: FLOPs of one inference (Conv, ConvTranspose, MatMul, Gemm) at ``flops_shapes``, or with
+    #: every symbolic dim taken as 1 when no shapes were given.
     flops: int
     #: Nodes of those four op types whose FLOPs could not be estimated (shapes unknown).
     flops_unknown_nodes: int
     has_subgraphs: bool
     external_data: bool
+    #: The input shapes ``flops`` was counted at (None: symbolic dims as 1).
+    flops_shapes: dict[str, list[int]] | None = None
+    #: Symbolic input dims past the first (``x[2]``) that ``flops`` depends on and took as 1: an
+    #: image model's height and width. Give shapes for the real figure.
+    flops_assumed: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -549,9 +555,25 @@ def _dim(d: Any) -> Dim:
     return dim(d.dim_value if d.HasField("dim_value") else (d.dim_param or None))
 
 
-def summarize(model: ir.Model) -> ModelSummary:
-    """Describe ``model``: I/O specs, opsets, op histogram, parameters, FLOPs estimate."""
+def summarize(
+    model: ir.Model, input_shapes: dict[str, tuple[int, ...]] | None = None
+) -> ModelSummary:
+    """Describe ``model``: I/O specs, opsets, op histogram, parameters, FLOPs estimate.
+
+    Args:
+        model: the model (not changed).
+        input_shapes: concrete shapes of (some of) the inputs to count FLOPs at; without them,
+            FLOPs are per sample with every symbolic dim taken as 1.
+
+    Raises:
+        ModelLoadError: ``input_shapes`` names an input the model does not have, or gives it
+            another rank or a fixed dim another size.
+    """
     types = infer_value_types(model)
+    if input_shapes:
+        dims = _dims_reader(infer_value_types(_at_shapes(model, input_shapes)), concrete=True)
+    else:
+        dims = _dims_reader(types, concrete=False)
     op_counts: Counter[str] = Counter()
     flops = 0
     unknown = 0
@@ -561,7 +583,7 @@ def summarize(model: ir.Model) -> ModelSummary:
         key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
         op_counts[key] += 1
         if node.domain in ("", "ai.onnx") and node.op_type in _FLOP_COUNTERS:
-            estimate = _FLOP_COUNTERS[node.op_type](node, types)
+            estimate = _FLOP_COUNTERS[node.op_type](node, dims)
             if estimate is None:
                 unknown += 1
             else:
@@ -588,54 +610,101 @@ def summarize(model: ir.Model) -> ModelSummary:
         flops_unknown_nodes=unknown,
         has_subgraphs=any(True for _ in model.graph.subgraphs()),
         external_data=_has_external_data(model),
+        flops_shapes={k: list(v) for k, v in input_shapes.items()} if input_shapes else None,
+        flops_assumed=()
+        if input_shapes
+        else tuple(
+            f"{v.name}[{axis}]"
+            for v in graph_inputs(model)
+            for axis, d in enumerate(shape_of(v) or ())
+            if axis > 0 and not isinstance(d, int)
+        ),
     )
+
+
+def _at_shapes(model: ir.Model, shapes: dict[str, tuple[int, ...]]) -> ir.Model:
+    """A shallow copy of ``model`` whose inputs have the given concrete shapes and whose other
+    values have none declared, so that shape inference works them all out from those."""
+    copy = model.clone()
+    for node in copy.graph:
+        for output in node.outputs:
+            output.shape = None
+    inputs = {v.name: v for v in graph_inputs(copy)}
+    for name, shape in shapes.items():
+        value = inputs.get(name)
+        if value is None:
+            raise ModelLoadError(
+                f"--shape names {name!r}, which is not an input; inputs: {', '.join(map(str, inputs))}"
+            )
+        declared = shape_of(value)
+        if declared is not None and (
+            len(declared) != len(shape)
+            or any(isinstance(d, int) and d != s for d, s in zip(declared, shape))
+        ):
+            raise ModelLoadError(
+                f"--shape {name}={','.join(map(str, shape))} does not fit its declared shape "
+                f"{list(declared)}"
+            )
+        value.shape = ir.Shape(list(shape))
+    return copy
 
 
 # FLOPs: a multiply-add counts as two. Symbolic dims count as 1, i.e. the figure is per sample.
 
 
-def _dims(
-    value: ir.Value | None, types: dict[str, tuple[str | None, tuple[Dim, ...] | None]]
-) -> list[int] | None:
-    if value is None:
-        return None
-    shape = shape_of(value)
-    if shape is None or any(d is None for d in shape):
-        shape = types.get(value.name or "", (None, None))[1]
-    if shape is None:
-        return None
-    return [d if isinstance(d, int) else 1 for d in shape]
+#: Reads a value's dims for FLOP counting: a list of sizes, or None when unknown.
+_DimsOf = Callable[[ir.Value | None], list[int] | None]
 
 
-def _conv_flops(node: ir.Node, types: dict[str, Any]) -> int | None:
-    w = _dims(node.inputs[1], types)
-    out = _dims(node.outputs[0], types)
+def _dims_reader(
+    types: dict[str, tuple[str | None, tuple[Dim, ...] | None]], concrete: bool
+) -> _DimsOf:
+    """Declared dims, else inferred ones (``types``), symbolic dims as 1; with ``concrete``
+    types (inferred at given input shapes), those come first."""
+
+    def dims(value: ir.Value | None) -> list[int] | None:
+        if value is None:
+            return None
+        inferred = types.get(value.name or "", (None, None))[1]
+        shape = shape_of(value)
+        if (concrete and inferred is not None) or shape is None or any(d is None for d in shape):
+            shape = inferred
+        if shape is None:
+            return None
+        return [d if isinstance(d, int) else 1 for d in shape]
+
+    return dims
+
+
+def _conv_flops(node: ir.Node, dims: _DimsOf) -> int | None:
+    w = dims(node.inputs[1])
+    out = dims(node.outputs[0])
     if w is None or out is None or len(out) < 2:
         return None
     # out [N, M, *spatial]; weight [M, C/group, *kernel]: each output element is one dot product.
     return 2 * math.prod(out) * math.prod(w[1:])
 
 
-def _conv_transpose_flops(node: ir.Node, types: dict[str, Any]) -> int | None:
-    x = _dims(node.inputs[0], types)
-    w = _dims(node.inputs[1], types)
+def _conv_transpose_flops(node: ir.Node, dims: _DimsOf) -> int | None:
+    x = dims(node.inputs[0])
+    w = dims(node.inputs[1])
     if x is None or w is None:
         return None
     # Each input element scatters into (M/group) * prod(kernel) outputs: weight [C, M/group, *k].
     return 2 * math.prod(x) * math.prod(w[1:])
 
 
-def _matmul_flops(node: ir.Node, types: dict[str, Any]) -> int | None:
-    a = _dims(node.inputs[0], types)
-    out = _dims(node.outputs[0], types)
+def _matmul_flops(node: ir.Node, dims: _DimsOf) -> int | None:
+    a = dims(node.inputs[0])
+    out = dims(node.outputs[0])
     if a is None or out is None or not a:
         return None
     return 2 * math.prod(out) * a[-1]
 
 
-def _gemm_flops(node: ir.Node, types: dict[str, Any]) -> int | None:
-    a = _dims(node.inputs[0], types)
-    out = _dims(node.outputs[0], types)
+def _gemm_flops(node: ir.Node, dims: _DimsOf) -> int | None:
+    a = dims(node.inputs[0])
+    out = dims(node.outputs[0])
     if a is None or out is None or len(a) != 2:
         return None
     trans_a = node.attributes.get_int("transA", 0)

@@ -37,6 +37,9 @@ def test_info_text_and_json(mlp_path: Path) -> None:
     data = json.loads(out)
     assert data["inputs"] == [{"name": "x", "dtype": "float32", "shape": ["batch", 16]}]
     assert data["op_counts"]["Softmax"] == 1 and data["flops"] == 320
+    assert data["flops_shapes"] is None and data["flops_assumed"] == []  # only the batch is open
+    code, out, _ = ferry("info", mlp_path, "--json", "--shape", "x=8,16")
+    assert code == 0 and json.loads(out)["flops"] == 8 * 320
 
 
 def test_info_on_control_flow_and_external_data(tmp_path: Path) -> None:
@@ -203,7 +206,7 @@ def test_internal_errors_exit_1_without_traceback(
 ) -> None:
     from ferry import graph
 
-    def broken(model: object) -> None:
+    def broken(model: object, *args: object) -> None:
         raise RuntimeError("boom")
 
     monkeypatch.setattr(graph, "summarize", broken)

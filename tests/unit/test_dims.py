@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 
 import ferry
 from ferry.cli.main import cli
+from ferry.errors import ModelLoadError
 from ferry.graph import dim, load_model, summarize
 
 
@@ -65,6 +66,12 @@ def test_minus_one_and_question_marks_are_open_dims(tmp_path: Path) -> None:
     assert out.shape == (2, 2, 8, 5)
     summary = summarize(load_model(path))
     assert summary.flops > 0 and summary.inputs[0].shape == (None, 3, None, None)
+    # FLOPs depend on H and W: say so, and count them exactly at given shapes.
+    assert summary.flops_assumed == ("x[2]", "x[3]")
+    at = summarize(load_model(path), {"x": (1, 3, 10, 7)})
+    assert at.flops == 2 * (1 * 2 * 8 * 5) * (3 * 3 * 3) and at.flops_shapes == {"x": [1, 3, 10, 7]}
+    with pytest.raises(ModelLoadError, match="does not fit its declared shape"):
+        summarize(load_model(path), {"x": (1, 4, 10, 7)})
     result = CliRunner().invoke(cli, ["info", str(path), "--json"])
     info = json.loads(result.output)
     assert info["inputs"][0]["shape"] == [None, 3, None, None] and info["flops"] > 0

@@ -141,8 +141,8 @@ def command(
     for: cold and warm start, latency p50/p90/p99/mean/std/min, throughput and peak memory, each
     also as a ratio to plain ONNX Runtime fp32 at the same batch.
 
-    Inputs not given with --input are generated (symbolic dims as 1 unless --shape or --batch
-    say otherwise). Configurations are timed in alternating blocks of calls in one process; cold
+    Inputs not given with --input are generated (a symbolic first dim as 1, other symbolic dims
+    as 224, unless --shape or --batch say otherwise). Configurations are timed in alternating blocks of calls in one process; cold
     start and peak memory are measured in a fresh process per engine setup.
 
     \b

@@ -48,7 +48,7 @@ def input_options(f: F) -> F:
         "shapes",
         multiple=True,
         metavar="NAME=DIMS",
-        help="Shape of a generated input, e.g. input=8x3x224x224 (otherwise a symbolic first "
+        help="Shape of a generated input, e.g. input=8,3,224,224 (otherwise a symbolic first "
         "dim is 1 and other symbolic dims 224).",
     )(f)
     f = click.option(
@@ -119,7 +119,7 @@ def run_feeds(session: Any, feeds: dict[str, Any], guessed: str) -> dict[str, An
             raise
         raise InvalidInputError(
             f"{e}. The inputs were generated with guessed sizes for {guessed}: give the sizes "
-            "the model takes with --shape NAME=DIMS (e.g. --shape x=1x3x640x640)"
+            "the model takes with --shape NAME=DIMS (e.g. --shape x=1,3,640,640)"
         ) from e
 
 

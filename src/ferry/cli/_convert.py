@@ -51,7 +51,8 @@ if TYPE_CHECKING:
 @click.option(
     "--trust-pickle",
     is_flag=True,
-    help="Allow loading pickled files (.pt checkpoints, .pkl, .joblib): they can run code.",
+    help="Allow loading pickled files (.pt2 archives, .pt checkpoints and TorchScript, .pkl, "
+    ".joblib): they can run code, so only for files you trust.",
 )
 @click.option(
     "--verify/--no-verify",
@@ -89,16 +90,16 @@ def command(
 ) -> None:
     """Convert SOURCE to an ONNX file OUTPUT and check it computes what SOURCE does.
 
-    SOURCE: .onnx, PyTorch (.pt2 torch.export archive, .pt TorchScript), TensorFlow (SavedModel
-    folder, .keras, .h5), .tflite, PaddlePaddle (.pdmodel or .json with .pdiparams), scikit-learn
-    (.pkl/.joblib, needs --trust-pickle). The result passes ONNX's checker and, unless
+    SOURCE: .onnx, PyTorch (.pt2 torch.export archive or .pt TorchScript, needs --trust-pickle),
+    TensorFlow (SavedModel folder, .keras, .h5), .tflite, PaddlePaddle (.pdmodel or .json with
+    .pdiparams), scikit-learn (.pkl/.joblib, needs --trust-pickle). The result passes ONNX's checker and, unless
     --no-verify, its outputs match the source framework's on the same inputs; otherwise nothing is
     written. SOURCE is never modified; OUTPUT is written atomically.
 
     \b
     Examples:
       ferry convert model.onnx -o model17.onnx --opset 17
-      ferry convert model.pt2 -o model.onnx
+      ferry convert model.pt2 -o model.onnx --trust-pickle --shape x=batch,3,224,224
       ferry convert saved_model/ -o model.onnx --shape input=batch,224,224,3
       ferry convert model.tflite -o model.onnx
       ferry convert pipeline.joblib -o pipeline.onnx --trust-pickle

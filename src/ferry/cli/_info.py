@@ -8,7 +8,15 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from ferry.cli._common import console, human_bytes, human_count, model_argument, write_json
+from ferry.cli._common import (
+    console,
+    human_bytes,
+    human_count,
+    model_argument,
+    split_pairs,
+    write_json,
+)
+from ferry.errors import InvalidInputError, ModelLoadError
 
 
 @click.command("info")
@@ -17,16 +25,34 @@ from ferry.cli._common import console, human_bytes, human_count, model_argument,
 @click.option(
     "--top", type=click.IntRange(min=1), default=20, show_default=True, help="Ops to list."
 )
-def command(model: Path, as_json: bool, top: int) -> None:
+@click.option(
+    "--shape",
+    "shapes",
+    multiple=True,
+    metavar="NAME=DIMS",
+    help="Count FLOPs at this input shape, e.g. x=1,3,640,640 (repeatable).",
+)
+def command(model: Path, as_json: bool, top: int, shapes: tuple[str, ...]) -> None:
     """Describe MODEL: inputs and outputs, opsets, op histogram, parameters and FLOPs.
 
-    Symbolic dims (such as a dynamic batch) are shown by name; FLOPs count Conv, ConvTranspose,
-    MatMul and Gemm with symbolic dims taken as 1.
+    Symbolic dims (such as a dynamic batch) are shown by name. FLOPs count Conv, ConvTranspose,
+    MatMul and Gemm, at the shapes --shape gives, else with symbolic dims taken as 1 (and then
+    say which dims they depend on).
+
+    \b
+    Examples:
+      ferry info model.onnx
+      ferry info detector.onnx --shape images=1,3,640,640 --json
     """
     from ferry.graph import load_model, resolve_model_file, summarize
+    from ferry.runtime import parse_shape
 
     path = resolve_model_file(model)
-    summary = summarize(load_model(path))
+    at = {k: parse_shape(v) for k, v in split_pairs(shapes, "--shape").items()}
+    try:
+        summary = summarize(load_model(path), at or None)
+    except ModelLoadError as e:
+        raise InvalidInputError(str(e)) from None
     if as_json:
         write_json({"path": str(path), "file_bytes": path.stat().st_size, **summary.to_dict()}, "-")
         return
@@ -48,13 +74,22 @@ def command(model: Path, as_json: bool, top: int) -> None:
             )
             io.add_row(kind, escape(t.name), t.dtype or "?", escape(shape))
     console.print(io)
-    flops = human_count(summary.flops)
+    label, flops = ("FLOPs" if summary.flops_shapes else "FLOPs/sample"), human_count(summary.flops)
     if summary.flops_unknown_nodes:
         flops += f" (+{summary.flops_unknown_nodes} nodes with unknown shapes)"
+    if summary.flops_shapes:
+        flops = f"{flops} at " + ", ".join(
+            f"{name}=[{','.join(map(str, dims))}]" for name, dims in summary.flops_shapes.items()
+        )
+    elif summary.flops_assumed:
+        flops += (
+            f" with {', '.join(summary.flops_assumed)} taken as 1 "
+            "(--shape NAME=DIMS for the real figure)"
+        )
     console.print(
         f"nodes: {summary.node_count}   parameters: {human_count(summary.param_count)} "
         f"({human_bytes(summary.param_bytes)}{', external data' if summary.external_data else ''})   "
-        f"FLOPs/sample: {flops}"
+        f"{label}: {flops}"
     )
     if summary.has_subgraphs:
         console.print("control flow: yes (If/Loop/Scan subgraphs; their nodes are counted)")

@@ -49,7 +49,7 @@ def command(
     \b
     Examples:
       ferry run model.onnx --input input=image.npy
-      ferry run model.onnx --random --shape input=4x3x224x224 -o outputs/
+      ferry run model.onnx --random --shape input=4,3,224,224 -o outputs/
     """
     import ferry
 

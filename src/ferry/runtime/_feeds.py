@@ -29,13 +29,14 @@ GUESSED_SIZE = 224
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
-    """``"1x3x224x224"`` (or ``"1,3,224,224"``) -> ``(1, 3, 224, 224)``; ``""`` is a scalar."""
+    """``"1,3,224,224"`` -> ``(1, 3, 224, 224)``; ``""`` is a scalar. ``x`` also separates dims
+    (``1x3x224x224``), as older ferry wrote it."""
     parts = [p for p in text.replace(",", "x").split("x")] if text.strip() else []
     try:
         dims = tuple(int(p) for p in parts)
     except ValueError:
         raise InvalidInputError(
-            f"bad shape {text!r}: write dims as integers joined by 'x', e.g. 1x3x224x224"
+            f"bad shape {text!r}: write dims as integers separated by commas, e.g. 1,3,224,224"
         ) from None
     if any(d < 0 for d in dims):
         raise InvalidInputError(f"bad shape {text!r}: dims cannot be negative")
@@ -93,7 +94,7 @@ def concrete_shape(
         return given
     if spec.shape is None:
         raise InvalidInputError(
-            f"input {spec.name!r} has unknown rank; give its shape, e.g. --shape {spec.name}=1x3x224x224"
+            f"input {spec.name!r} has unknown rank; give its shape, e.g. --shape {spec.name}=1,3,224,224"
         )
     known = sizes if sizes is not None else {}
     shape = []
