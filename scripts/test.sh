@@ -9,6 +9,10 @@ if [ "${FERRY_TEST_HEAVY:-0}" = "1" ]; then
   echo "==> FERRY_TEST_HEAVY=1: TensorFlow + tf2onnx into .venv, Paddle + paddle2onnx into .venv-paddle"
   pip_install "tensorflow-cpu==2.21.0" "tf2onnx==1.17.0" \
     || echo "WARNING: TensorFlow did not install; its converter tests will be skipped" >&2
+  # tf-keras (Keras 2 objects in memory) asks for the `tensorflow` package, which tensorflow-cpu
+  # already provides under another name: without --no-deps pip would add a second, 572 MB TF.
+  pip_install --no-deps "tf-keras==2.21.0" \
+    || echo "WARNING: tf-keras did not install; the Keras 2 object test will be skipped" >&2
   # paddlepaddle itself (no paddle2onnx) also goes into .venv: converting in-memory paddle.nn.Layers.
   pip_install "paddlepaddle==3.3.1" \
     || echo "WARNING: PaddlePaddle did not install into .venv; the paddle.nn.Layer test will be skipped" >&2

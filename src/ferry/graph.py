@@ -419,6 +419,9 @@ class ModelSummary:
     flops_unknown_nodes: int
     has_subgraphs: bool
     external_data: bool
+    #: Inputs with a default the caller may override (initializers the model also lists as
+    #: inputs, IR >= 4): a streaming model's state, say.
+    optional_inputs: tuple[TensorInfo, ...] = ()
     #: The input shapes ``flops`` was counted at (None: symbolic dims as 1).
     flops_shapes: dict[str, list[int]] | None = None
     #: Symbolic input dims past the first (``x[2]``) that ``flops`` depends on and took as 1: an
@@ -429,6 +432,7 @@ class ModelSummary:
         d = dataclasses.asdict(self)
         d["inputs"] = [t.to_dict() for t in self.inputs]
         d["outputs"] = [t.to_dict() for t in self.outputs]
+        d["optional_inputs"] = [t.to_dict() for t in self.optional_inputs]
         return d
 
 
@@ -610,6 +614,11 @@ def summarize(
         flops_unknown_nodes=unknown,
         has_subgraphs=any(True for _ in model.graph.subgraphs()),
         external_data=_has_external_data(model),
+        optional_inputs=tuple(
+            io(v)
+            for v in model.graph.inputs
+            if v.name in model.graph.initializers and model.ir_version >= 4
+        ),
         flops_shapes={k: list(v) for k, v in input_shapes.items()} if input_shapes else None,
         flops_assumed=()
         if input_shapes

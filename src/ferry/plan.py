@@ -16,8 +16,9 @@ partition)::
 
 What a node set reads and hands on (:func:`boundary`) counts the outer values that If/Loop/Scan
 bodies read as reads of their node. Constants belong to whoever reads them: initializers are carried
-as initializers, ``Constant`` nodes elsewhere are copied in, and values with a known constant value
-become initializers; none of them is ever a boundary value. A node set whose values nobody reads
+as initializers, constant nodes elsewhere (``Constant``, and ops that compute only from constants,
+:func:`is_constant_node`) are copied in, and values with a known constant value become
+initializers; none of them is ever a boundary value. A node set whose values nobody reads
 (dead code) hands on its dangling values, since engines refuse a model without outputs.
 
 Weights come along by reference: the cut model shares the source's tensors, nothing is copied, and
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -37,7 +39,15 @@ from typing import Any
 import onnx_ir as ir
 
 from ferry.errors import PlanError
-from ferry.graph import Dim, atomic_path, dtype_name, graph_inputs, infer_value_types, node_reads
+from ferry.graph import (
+    Dim,
+    atomic_path,
+    dtype_name,
+    graph_inputs,
+    infer_value_types,
+    node_reads,
+    subgraphs,
+)
 
 __all__ = [
     "PLAN_FORMAT_VERSION",
@@ -49,6 +59,7 @@ __all__ = [
     "cut",
     "cut_partition",
     "is_constant",
+    "is_constant_node",
     "value_readers",
 ]
 
@@ -323,7 +334,7 @@ def boundary(
             if value.producer() in members or is_constant(value):
                 continue
             inputs[value.name or ""] = None
-        constant = _is_constant_node(node)
+        constant = is_constant_node(node)
         for value in node.outputs:
             read_by = readers.get(value, ())
             if value.is_graph_output() or (not constant and any(r not in members for r in read_by)):
@@ -399,11 +410,87 @@ def cut_partition(
 
 def is_constant(value: ir.Value) -> bool:
     """Whether ``value`` is known before the graph runs: an initializer, a value with a known
-    constant, or a Constant node's output."""
+    constant, or the output of a constant node (:func:`is_constant_node`)."""
     if value.const_value is not None or value.is_initializer():
         return True
     producer = value.producer()
-    return producer is not None and _is_constant_node(producer)
+    return producer is not None and is_constant_node(producer)
+
+
+#: Ops whose result differs from run to run: never constant, whatever their inputs.
+_RANDOM_OPS = frozenset(
+    {
+        "RandomNormal",
+        "RandomNormalLike",
+        "RandomUniform",
+        "RandomUniformLike",
+        "Multinomial",
+        "Bernoulli",
+    }
+)
+
+
+#: How many ops deep a constant node may compute from constants: weight chains are a few ops
+#: (Reshape(Constant, Identity(Constant)), DequantizeLinear(int8 weights)); the bound keeps the
+#: question cheap on deep run-time chains, which it never has to walk to their inputs.
+MAX_CONSTANT_DEPTH = 16
+
+
+def is_constant_node(node: ir.Node, memo: dict[ir.Node, float] | None = None) -> bool:
+    """Whether ``node`` computes the same value on every run: a ``Constant``, or an ONNX op with
+    no subgraph whose every input is constant, at most :data:`MAX_CONSTANT_DEPTH` ops from the
+    constants (``Reshape(Constant, Identity(Constant))``: how Paddle's and other exporters store
+    weights).
+
+    Such nodes are data, not work: like weights they go with whoever reads them (placed with
+    their first reader, copied into any other partition that reads them), so that an engine sees
+    its weights and shape inputs as the constants they are and folds them itself.
+
+    Args:
+        node: the node.
+        memo: shared between calls on one graph, to answer for all its nodes in linear time.
+    """
+    return _constant_height(node, {} if memo is None else memo, MAX_CONSTANT_DEPTH) <= (
+        MAX_CONSTANT_DEPTH
+    )
+
+
+def _constant_height(node: ir.Node, memo: dict[ir.Node, float], budget: int) -> float:
+    """How many ops above constants ``node`` is (0 for a Constant), or inf when it reads something
+    computed at run time, or lies more than ``budget`` ops above what it would need to know.
+
+    Only exact answers are memoized: one cut short by the budget may differ with more budget.
+    """
+    found = memo.get(node)
+    if found is not None:
+        return found
+    height, exact = _height(node, memo, budget)
+    if exact:
+        memo[node] = height
+    return height
+
+
+def _height(node: ir.Node, memo: dict[ir.Node, float], budget: int) -> tuple[float, bool]:
+    default_domain = node.domain in ("", "ai.onnx")
+    present = [v for v in node.inputs if v is not None]
+    if node.op_type == "Constant" and default_domain:
+        return (0.0 if not present else math.inf), True
+    if not default_domain or node.op_type in _RANDOM_OPS or subgraphs(node) or not present:
+        return math.inf, True
+    if budget <= 0:
+        return math.inf, False
+    height, exact = 1.0, True
+    for value in present:
+        if value.const_value is not None or value.is_initializer():
+            continue
+        producer = value.producer()
+        if producer is None:  # a graph input: fed at run time
+            return math.inf, True
+        below = _constant_height(producer, memo, budget - 1)
+        if below == math.inf:
+            return math.inf, producer in memo  # exact when the producer's answer was
+        height = max(height, below + 1)
+    return height, exact
 
 
 def _cut(
@@ -441,27 +528,33 @@ def _cut(
                 continue  # ...unless the caller may override it
         inputs.append(value)
 
-    copied: list[ir.Node] = []
+    # Scan what the nodes read, and what the constant nodes copied in for them read in turn.
+    copied: dict[ir.Node, None] = {}
     seen: set[ir.Value] = set()
-    for reader, value in ((node, value) for node in nodes for value in node_reads(node)):
-        if value in seen or value in declared or value.producer() in inside:
-            continue
-        seen.add(value)
-        producer = value.producer()
-        if value.is_initializer():
-            initializers.append(value)
-            if overridable and value.is_graph_input():
-                inputs.append(value)  # the caller may override it: keep it an input with a default
-        elif producer is not None and _is_constant_node(producer):
-            copied.append(producer)
-        elif value.const_value is not None:
-            initializers.append(value)  # folded: its value is known, so it travels as a weight
-        else:
-            raise PlanError(
-                f"{where}: node {_describe(reader)} reads {value.name!r}, which no node of the "
-                f"partition computes and which is not among its inputs; add {value.name!r} to "
-                "the partition's inputs (and to the outputs of the partition that computes it)"
-            )
+    scan = list(nodes)
+    while scan:
+        reader = scan.pop(0)
+        for value in node_reads(reader):
+            if value in seen or value in declared or value.producer() in inside:
+                continue
+            seen.add(value)
+            producer = value.producer()
+            if value.is_initializer():
+                initializers.append(value)
+                if overridable and value.is_graph_input():
+                    inputs.append(value)  # the caller may override it: an input with a default
+            elif producer is not None and is_constant_node(producer):
+                if producer not in copied:
+                    copied[producer] = None
+                    scan.append(producer)
+            elif value.const_value is not None:
+                initializers.append(value)  # folded: its value is known, so it travels as a weight
+            else:
+                raise PlanError(
+                    f"{where}: node {_describe(reader)} reads {value.name!r}, which no node of the "
+                    f"partition computes and which is not among its inputs; add {value.name!r} to "
+                    "the partition's inputs (and to the outputs of the partition that computes it)"
+                )
     outputs: list[ir.Value] = []
     for name in output_names:
         value = values.get(name)
@@ -477,11 +570,10 @@ def _cut(
         outputs.append(value)
 
     index = {node: i for i, node in enumerate(graph)}
-    copied.sort(key=index.__getitem__)
     view = ir.GraphView(
         inputs,
         outputs,
-        nodes=[*copied, *nodes],
+        nodes=[*sorted(copied, key=index.__getitem__), *nodes],
         initializers=initializers,
         doc_string=graph.doc_string,
         opset_imports=dict(graph.opset_imports),
@@ -540,10 +632,6 @@ def _nodes_in_order(graph: ir.Graph, names: Sequence[str], where: str) -> list[i
             "made for another model?"
         )
     return nodes
-
-
-def _is_constant_node(node: ir.Node) -> bool:
-    return node.op_type == "Constant" and node.domain in ("", "ai.onnx") and not node.inputs
 
 
 def _fill_boundary_types(

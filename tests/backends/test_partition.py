@@ -27,6 +27,7 @@ from onnx_ir.passes.common import NameFixPass
 import models
 from ferry.backends import DEFAULT_MIN_PARTITION_SIZE, OpRule, PlacementReport, explain, place
 from ferry.errors import BackendUnavailableError, FerryError, InvalidInputError
+from ferry.graph import prepare
 from ferry.plan import Plan
 
 OPSET = 17
@@ -203,15 +204,26 @@ def check_plan(
             table = RuleTable(backend.rules())
             for name in p.nodes:
                 node = by_name[name]
-                if node.op_type == "Constant":
+                if is_constant_node(proto, index[name]):
                     continue  # data, placed with its reader
                 assert table.supports(node, model.opset_imports) is True, (name, p.backend)
                 assert name not in backend.veto
 
 
 def is_constant_node(proto: onnx.ModelProto, i: int) -> bool:
-    node = proto.graph.node[i]
-    return node.op_type == "Constant" and not node.input
+    """A Constant, or a node computing only from initializers and constant nodes: data, placed
+    with its reader and copied into other readers' partitions, never fed."""
+    graph = proto.graph
+    initializers = {t.name for t in graph.initializer}
+    produced_by = {o: j for j, n in enumerate(graph.node) for o in n.output}
+    node = graph.node[i]
+    if node.op_type == "Constant":
+        return not node.input
+    inputs = [v for v in node.input if v]
+    return bool(inputs) and all(
+        v in initializers or (v in produced_by and is_constant_node(proto, produced_by[v]))
+        for v in inputs
+    )
 
 
 # -- random DAGs ---------------------------------------------------------------------------------
@@ -311,11 +323,14 @@ def test_random_dags_give_complete_ordered_convex_plans(
     proto, backends, min_size, forced = scenario
     plan = place(proto, backends, min_partition_size=min_size, force_cpu=forced)
     check_plan(proto, plan, {b.name: b for b in backends})
-    # Forced nodes (by name or op) are on the fallback; Constants go with their reader.
+    # Forced nodes (by name or op) are on the fallback; constants go with their reader.
+    index = {n.name: i for i, n in enumerate(proto.graph.node)}
     for p in plan.partitions:
         for name in p.nodes:
-            node = next(n for n in proto.graph.node if n.name == name)
-            if (name in forced or node.op_type in forced) and node.op_type != "Constant":
+            node = proto.graph.node[index[name]]
+            if (name in forced or node.op_type in forced) and not is_constant_node(
+                proto, index[name]
+            ):
                 assert p.backend == FALLBACK
 
 
@@ -326,10 +341,11 @@ def test_with_size_one_every_supported_node_is_accelerated(
 ) -> None:
     plan = place(proto, [FakeBackend("accel", ops)], min_partition_size=1)
     check_plan(proto, plan)
+    index = {n.name: i for i, n in enumerate(proto.graph.node)}
     for p in plan.partitions:
         for name in p.nodes:
-            node = next(n for n in proto.graph.node if n.name == name)
-            if node.op_type != "Constant":  # data: placed with its first reader
+            node = proto.graph.node[index[name]]
+            if not is_constant_node(proto, index[name]):  # data: placed with its first reader
                 assert (p.backend == "accel") == (node.op_type in ops), name
     # Fallback groups are maximal in the weak sense: two fallback partitions never touch.
     fallback = [k for k, p in enumerate(plan.partitions) if p.backend == FALLBACK]
@@ -344,10 +360,10 @@ def test_explain_agrees_with_partition(proto: onnx.ModelProto) -> None:
     report = explain(proto, backends, min_partition_size=2)
     assert report.plan == plan
     assert [v.node for v in report.nodes] == [n.name for n in proto.graph.node]
-    for v in report.nodes:
+    for i, v in enumerate(report.nodes):
         assert v.node in plan.partitions[v.partition].nodes
         assert plan.partitions[v.partition].backend == v.backend
-        if v.op_type == "Constant":
+        if is_constant_node(proto, i):
             assert v.note and not v.reasons
         elif v.backend == FALLBACK:
             assert v.reasons.get("accel"), v
@@ -596,11 +612,11 @@ def test_a_partition_of_dead_code_still_has_outputs() -> None:
     t = numpy_helper.from_array(np.full((2, 3), 1.5, dtype=np.float32), "t")
     nodes = [
         helper.make_node("Constant", [], ["c"], name="const", value=t),
-        helper.make_node("Sigmoid", ["c"], ["unused"], name="dead"),
+        helper.make_node("Mul", ["x", "c"], ["unused"], name="dead"),  # read by nobody
         helper.make_node("Relu", ["x"], ["y"], name="relu"),
     ]
     model = make_model(nodes)
-    plan = place(model, [FakeBackend("accel", ["Sigmoid"])], min_partition_size=1)
+    plan = place(model, [FakeBackend("accel", ["Mul"])], min_partition_size=1)
     assert [(p.backend, p.nodes, p.outputs) for p in plan.partitions] == [
         ("accel", ("const", "dead"), ("unused",)),
         (FALLBACK, ("relu",), ("y",)),
@@ -772,7 +788,8 @@ ZOO_ACCEL_OPS = ["Conv", "Relu", "Gemm", "MatMul", "Add", "Clip", "Transpose", "
 @pytest.fixture(scope="module")
 def zoo_models() -> dict[str, ir.Model]:
     pytest.importorskip("torch")
-    zoo = pytest.importorskip("ferry.zoo")
+    from ferry import zoo
+
     return {name: zoo.build(name) for name in zoo.names()}
 
 
@@ -866,3 +883,34 @@ def test_the_rank_rule_holds_for_the_final_groups_too() -> None:
     )
     assert layout(report.plan) == [("ranked", ["squeeze", "neg"]), ("onnxruntime", ["abs", "add"])]
     assert "'s', whose rank is unknown" in report.node("add").reasons["ranked"]
+
+
+def test_weights_computed_from_constants_travel_with_their_reader() -> None:
+    """Paddle's exporter stores weights as Reshape(Constant, Identity(Constant)) chains: data, not
+    work. They go with the engine that reads them, never across a boundary as run-time tensors."""
+    flat = numpy_helper.from_array(np.ones(18, np.float32), "flat")
+    target = numpy_helper.from_array(np.array([2, 1, 3, 3], np.int64))
+    nodes = [
+        helper.make_node("Constant", [], ["target"], name="target", value=target),
+        helper.make_node("Identity", ["target"], ["shape"], name="shape"),
+        helper.make_node("Reshape", ["flat", "shape"], ["w"], name="weights"),
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+        helper.make_node("Relu", ["c"], ["y"], name="relu"),
+    ]
+    model = make_model(nodes, inputs=[("x", [1, 1, 5, 5])], initializers=[flat])
+    plan = place(model, [FakeBackend("accel", ["Conv"])], min_partition_size=1)
+    assert layout(plan) == [("accel", ["target", "shape", "weights", "conv"]), (FALLBACK, ["relu"])]
+    assert plan.partitions[0].inputs == ("x",)
+    # Cut alone, the Conv brings its whole weight chain and the initializer it reads.
+    from ferry.plan import cut
+
+    named = prepare(ir.from_proto(model))
+    sub = cut(named, ["conv"])
+    assert [n.name for n in sub.graph] == ["target", "shape", "weights", "conv"]
+    assert list(sub.graph.initializers) == ["flat"] and [v.name for v in sub.graph.inputs] == ["x"]
+    x = np.arange(25, dtype=np.float32).reshape(1, 1, 5, 5)
+    session = ort.InferenceSession(
+        ir.to_proto(sub).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    (got,) = session.run(None, {"x": x})
+    assert got.shape == (1, 2, 3, 3) and got[0, 0, 0, 0] == x[0, 0, :3, :3].sum()

@@ -9,6 +9,7 @@ converter's own reference (which ``ferry.convert`` checks too).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -252,41 +253,22 @@ def test_folder_opset_shapes_and_reference(
 
 
 def test_layer_in_memory() -> None:
-    paddle = pytest.importorskip("paddle")
+    """A live paddle.nn.Layer converts (in eval mode, its own mode restored) and matches Paddle.
+
+    The check runs in a process of its own: Paddle's native libraries crash when loaded into a
+    process that already holds torch's and TensorFlow's (as this test session does), which says
+    nothing about ferry; a user converting a Layer has Paddle loaded, not those.
+    """
+    if importlib.util.find_spec("paddle") is None:
+        pytest.skip("paddlepaddle is not installed in this environment (the 'paddle' extra)")
     if find_paddle_python() is None:
         pytest.skip("no Python with paddle2onnx: run scripts/setup-paddle.sh")
-
-    class TwoHeads(paddle.nn.Layer):
-        def __init__(self) -> None:
-            super().__init__()
-            self.conv = paddle.nn.Conv2D(3, 4, 3)
-            self.bn = paddle.nn.BatchNorm2D(4)
-            self.fc = paddle.nn.Linear(4, 5)
-
-        def forward(self, image: Any, bias: Any) -> Any:
-            x = paddle.nn.functional.relu(self.bn(self.conv(image)))
-            x = paddle.nn.functional.adaptive_avg_pool2d(x, 1).flatten(1)
-            logits = self.fc(x) + bias
-            return logits, paddle.nn.functional.softmax(logits, -1)
-
-    paddle.seed(0)
-    layer = TwoHeads()  # left in training mode: the converter must use eval mode and restore it
-    rng = np.random.default_rng(0)
-    layer.bn._mean.set_value(rng.normal(0, 0.5, 4).astype("float32"))
-    image = rng.standard_normal((2, 3, 8, 8)).astype("float32")
-    bias = rng.standard_normal((2, 5)).astype("float32")
-
-    assert PaddleConverter().accepts(layer)
-    result = ferry.convert(layer, example_inputs=(image, bias))
-    assert result.parity.passed
-    assert layer.training
-    assert [v.name for v in result.model.graph.inputs] == ["image", "bias"]
-    got = list(ferry.load(result.model).run({"image": image, "bias": bias}).values())
-    layer.eval()
-    want = [t.numpy() for t in layer(paddle.to_tensor(image), paddle.to_tensor(bias))]
-    assert len(got) == 2
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w, atol=ATOL, rtol=RTOL)
+    script = Path(__file__).with_name("paddle_layer_check.py")
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "layer ok" in done.stdout
 
 
 # --- failures -------------------------------------------------------------------------------

@@ -296,7 +296,12 @@ def test_subclassed_model_takes_its_inputs_from_the_examples() -> None:
 
 
 def test_legacy_tf_keras_model_and_its_h5(tmp_path: Path) -> None:
-    tf_keras = pytest.importorskip("tf_keras")  # Keras 2, for TF_USE_LEGACY_KERAS users
+    """A Keras 2 model (tf_keras, what TF_USE_LEGACY_KERAS users have) in memory, and the .h5
+    Keras 2 writes, read back by Keras 3. Keras 3 cannot stand in: the objects are tf_keras's
+    own classes. (The kit's emotion_keras, a Keras 2.0.5 .h5, is the real tier's case.)"""
+    tf_keras = pytest.importorskip(
+        "tf_keras", reason="tf_keras (Keras 2) is not installed: pip install 'tf-keras>=2.20,<2.22'"
+    )
     tf_keras.utils.set_random_seed(14)
     image = tf_keras.Input((12, 12, 3), name="img")
     x = tf_keras.layers.Conv2D(4, 3, padding="same")(image)
@@ -372,6 +377,94 @@ def test_signature_is_chosen_by_name(tmp_path: Path) -> None:
         ModelLoadError, match=r"no signature 'predict'.*\['scores', 'serving_default'\]"
     ):
         TensorFlowConverter(signature="predict").convert(tmp_path / "two", ConvertOptions())
+
+
+# --- SavedModels TensorFlow 2 cannot restore: the TF1 loader ----------------------------------
+
+
+def _tf2_cannot_restore(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tf.saved_model.load fails as it does on a Keras model saved by TF 2.4 (the kit's
+    pitch_savedmodel): its saved objects no longer revive."""
+
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise AttributeError("'_UserObject' object has no attribute 'add_slot'")
+
+    monkeypatch.setattr(tf.saved_model, "load", fail)
+
+
+class _Vocabulary(tf.Module):
+    """Words -> ids (a hash table) -> embeddings (a variable read by ResourceGather)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        keys, ids = tf.constant(["the", "cat", "sat"]), tf.constant([1, 2, 3], tf.int64)
+        self.table = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(keys, ids), default_value=0
+        )
+        self.embedding = tf.Variable(np.arange(8, dtype=np.float32).reshape(4, 2))
+
+    @tf.function(input_signature=[tf.TensorSpec((None,), tf.string, name="words")])
+    def __call__(self, words: Any) -> dict[str, Any]:
+        return {"vectors": tf.gather(self.embedding, self.table.lookup(words))}
+
+
+def test_saved_model_tf2_cannot_restore_is_read_as_a_tf1_graph(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = _Scorer()
+    tf.saved_model.save(module, str(tmp_path / "scorer"))
+    feat = np.random.default_rng(17).standard_normal((3, 4)).astype(np.float32)
+    want = module(tf.constant(feat))
+    _tf2_cannot_restore(monkeypatch)
+    result = ferry.convert(tmp_path / "scorer", example_inputs={"feat": feat})
+    assert result.parity.passed, result.parity.summary()
+    assert any("TF1 loader" in note and "add_slot" in note for note in result.notes)
+    graph = result.model.graph
+    assert [v.name for v in graph.inputs] == ["feat"]
+    assert [v.name for v in graph.outputs] == ["logits", "total"]
+    assert graph.inputs[0].shape == ir.Shape(["batch", 4])
+    got = _run(result.model, {"feat": feat})
+    for name in ("logits", "total"):
+        np.testing.assert_allclose(got[name], np.asarray(want[name]), atol=ATOL, rtol=RTOL)
+    # input_shapes fix or name the signature's open dims, as for any SavedModel.
+    fixed = TensorFlowConverter().convert(
+        tmp_path / "scorer", ConvertOptions(input_shapes={"feat": ("rows", 4)})
+    )
+    assert fixed.model.graph.inputs[0].shape == ir.Shape(["rows", 4])
+    assert fixed.reference is not None
+    reference = fixed.reference({"feat": feat})
+    assert isinstance(reference, dict)
+    np.testing.assert_allclose(reference["logits"], np.asarray(want["logits"]), atol=ATOL)
+
+
+def test_tf1_graph_with_a_table_and_gathered_variables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hash tables (exported from the session) and variables read inside the signature's
+    function body by ResourceGather (frozen after inlining) convert too."""
+    module = _Vocabulary()
+    tf.saved_model.save(module, str(tmp_path / "vocab"))
+    _tf2_cannot_restore(monkeypatch)
+    words = np.array(["sat", "dog", "the"], dtype=object)
+    result = ferry.convert(tmp_path / "vocab", example_inputs={"words": words})
+    assert result.parity.passed, result.parity.summary()
+    got = _run(result.model, {"words": np.array(["cat", "the", "?"], dtype=object)})
+    np.testing.assert_array_equal(got["vectors"], [[4.0, 5.0], [2.0, 3.0], [0.0, 1.0]])
+
+
+def test_saved_model_neither_loader_reads_is_one_clean_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tf.saved_model.save(_Scorer(), str(tmp_path / "scorer"))
+    for item in (tmp_path / "scorer" / "variables").iterdir():
+        item.unlink()  # the graph is there, the weights are not
+    _tf2_cannot_restore(monkeypatch)
+    with pytest.raises(ModelLoadError) as info:
+        ferry.convert(tmp_path / "scorer")
+    message = str(info.value)
+    assert message.startswith(f"cannot load the SavedModel {tmp_path / 'scorer'}")
+    assert "add_slot" in message and "nor with the TF1 loader" in message
+    assert "\n" not in message and "Traceback" not in message
 
 
 # --- unsupported ops and bad files -----------------------------------------------------------

@@ -12,8 +12,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-import kit_models
 import pytest
+
+import kit_models
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -12,14 +12,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-import kit_models
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from paddle_reference import paddle_outputs
 
 import ferry
+import kit_models
 from ferry.cli.main import cli
+from paddle_reference import paddle_outputs
 
 pytestmark = pytest.mark.paddle
 

@@ -8,13 +8,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import kit_models
 import numpy as np
 import onnxruntime as ort
 import pytest
 import tritonclient.http as http
 from tritonclient.utils import np_to_triton_dtype
 
+import kit_models
 from ferry.serving import ServerThread, create_app
 
 ALL = kit_models.ids()

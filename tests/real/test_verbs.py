@@ -11,13 +11,13 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-import kit_models
 import numpy as np
 import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
 
 import ferry
+import kit_models
 from ferry.cli.main import cli
 
 ALL = kit_models.ids()

@@ -28,10 +28,11 @@ Algorithm (ONNX Runtime's ``GetCapability`` and TF-TRT's segmenter):
    group is the whole model; their nodes go on to the next backend.
 6. Whatever is left goes to the fallback in maximal groups, formed the same way; the order that
    last pass produces is the order of the plan.
-7. ``Constant`` nodes are data, not work: each joins the partition of its first reader, and like
-   initializers their values are never partition inputs or outputs (lowering copies a Constant
-   into every partition that reads it), so that inputs rules want constant (Reshape's shape)
-   stay constant in every partition. A partition of dead code (nothing it computes is read
+7. Constant nodes (``Constant``, and ops computing only from constants, such as the
+   ``Reshape(Constant, Identity(Constant))`` chains Paddle's exporter stores weights as) are data,
+   not work: each joins the partition of its first reader, and like initializers their values are
+   never partition inputs or outputs (lowering copies them into every partition that reads them),
+   so that weights and inputs rules want constant (Reshape's shape) stay constant everywhere. A partition of dead code (nothing it computes is read
    later) hands on its dangling values, since engines refuse models without outputs.
 
 Before -> After::
@@ -56,7 +57,7 @@ from ferry.backends._capability import engine_vetoes, rule_verdicts
 from ferry.backends._registry import FALLBACK, get_backend, parse_backends
 from ferry.errors import FerryError, InvalidInputError
 from ferry.graph import Dim, dtype_name, load_model, node_reads, prepare, shape_of, subgraphs
-from ferry.plan import Partition, Plan, boundary, is_constant
+from ferry.plan import Partition, Plan, boundary, is_constant, is_constant_node
 
 if TYPE_CHECKING:
     import os
@@ -376,13 +377,19 @@ class _Partitioner:
         wanted = {str(entry) for entry in force_cpu}
         found: set[str] = set()
         forced: list[str | None] = []
-        for node in self.graph.nodes:
+        for i, node in enumerate(self.graph.nodes):
             hit = next(
                 (key for key in (node.name or "", node.op_type, _op_name(node)) if key in wanted),
                 None,
             )
             if hit is not None:
                 found.add(hit)
+                if self.graph.attached[i] and hit == node.name:
+                    logger.warning(
+                        "force_cpu entry %r is a constant (computed from constants only): it "
+                        "travels with the partitions that read it",
+                        hit,
+                    )
             forced.append(hit)
         for entry in sorted(wanted - found):
             logger.warning("force_cpu entry %r matches no node name or op type in the model", entry)
@@ -572,7 +579,9 @@ class _Partitioner:
             for i in nodes:
                 part_of[i] = index
         orphans: list[int] = []
-        for i in range(len(graph.nodes)):
+        # Readers first (reverse order), so that a constant node read by another one finds it
+        # already placed.
+        for i in reversed(range(len(graph.nodes))):
             if not graph.attached[i]:
                 continue
             reading = [part_of[r] for r in graph.succs[i] if part_of[r] >= 0]
@@ -615,7 +624,7 @@ class _Partitioner:
             assert backend is not None
             note = None
             if graph.attached[i]:
-                note = "a Constant: placed in the partition of its first reader"
+                note = "a constant (computed from constants only): placed with its first reader"
             tried = {b: why for b, why in self.reasons[i].items() if b != backend}
             verdicts.append(
                 NodeVerdict(node.name or "", _op_name(node), backend, part_of[i], tried, note)
@@ -673,14 +682,10 @@ class _Dag:
                 self.succs[j].append(i)
             for value in node.outputs:
                 self.values[value.name or ""] = value
-        #: Constant nodes (no inputs): placed with their first reader, not grouped.
-        self.attached: list[bool] = [
-            node.op_type == "Constant"
-            and node.domain in _DEFAULT_DOMAINS
-            and not self.reads[i]
-            and not subgraphs(node)
-            for i, node in enumerate(self.nodes)
-        ]
+        #: Constant nodes (Constant, and ops computing only from constants): data, not work;
+        #: placed with their first reader, not grouped.
+        memo: dict[ir.Node, float] = {}
+        self.attached: list[bool] = [is_constant_node(node, memo) for node in self.nodes]
 
     def producer_index(self, value: ir.Value) -> int | None:
         producer = value.producer()

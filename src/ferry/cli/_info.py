@@ -65,7 +65,11 @@ def command(model: Path, as_json: bool, top: int, shapes: tuple[str, ...]) -> No
     io = Table(show_edge=False, box=None, pad_edge=False)
     for col in ("", "name", "dtype", "shape"):
         io.add_column(col)
-    for kind, tensors in (("input", summary.inputs), ("output", summary.outputs)):
+    for kind, tensors in (
+        ("input", summary.inputs),
+        ("optional input", summary.optional_inputs),  # has a default: a state, say
+        ("output", summary.outputs),
+    ):
         for t in tensors:
             shape = (
                 "?"

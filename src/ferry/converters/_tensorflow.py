@@ -17,6 +17,12 @@ inputs); run eagerly, it is the reference the parity check compares against
 ``model(x, training=False)`` works for Keras 3 and ``tf_keras`` alike. ferry adds a tf2onnx handler
 for ``Erfc`` (Keras' exact GELU), which tf2onnx 1.17 lacks.
 
+A SavedModel that TensorFlow 2's object loader cannot restore (objects of an older Keras or
+optimizer that today's classes no longer revive: ``'_UserObject' object has no attribute
+'add_slot'``) is loaded with the TF1 loader instead: its MetaGraph and variables into a
+``tf.compat.v1.Session``. The signature's graph is then frozen (variables become constants),
+optimized by grappler as tf2onnx does, and converted; that session is the reference.
+
 Input shapes come from the source (Keras inputs, the signature); ``options.input_shapes`` fixes or
 names dims it leaves open and ``options.dynamic_axes`` opens or names dims. The leading unknown dim
 of a Keras input is named ``batch``; other unknown input dims become ``<input>_<axis>``.
@@ -117,6 +123,20 @@ class _Source:
     #: The trackable object the function belongs to (Keras model, loaded SavedModel, tf.Module):
     #: tf2onnx reads its lookup tables, and holding it keeps a SavedModel's variables alive.
     owner: Any = None
+    #: Set for a SavedModel loaded by the TF1 loader: its graph, run by a session (``call`` then
+    #: takes numpy arrays and cannot be traced).
+    graph: _GraphSession | None = None
+
+
+@dataclasses.dataclass
+class _GraphSession:
+    """One signature of a TF1 graph loaded in a ``tf.compat.v1.Session``."""
+
+    session: Any
+    #: The graph tensor fed for each input, in the order of ``_Source.inputs``.
+    feeds: list[str]
+    #: Output key -> the graph tensor it fetches, in output order.
+    fetches: dict[str, str]
 
 
 class TensorFlowConverter:
@@ -176,36 +196,51 @@ class TensorFlowConverter:
         sample = _sample_inputs(inputs, options, notes)
         opset = _opset(tf2onnx, options.opset, notes)
 
-        specs = [_spec(tf, i) for i in inputs]
-        fn = tf.function(src.call, input_signature=specs)
-        try:
-            concrete = fn.get_concrete_function(*specs)
-        except Exception as e:  # whatever the model's own code raises while tracing
-            raise ConversionError(
-                f"TensorFlow cannot trace {src.label} for inputs {_describe_inputs(inputs)}: "
-                f"{type(e).__name__}: {first_line(e)}; pass input_shapes (or example_inputs) that "
-                "the model accepts"
-            ) from e
-        output_order = [str(k) for k in concrete.structured_outputs]
-
-        with _Tf2onnxLog() as log:
+        if src.graph is not None:
+            output_order = list(src.graph.fetches)
+            tf_graph = src.graph.session.graph
+            with _Tf2onnxLog() as log:
+                try:
+                    proto = _run_tf2onnx_graph(tf, tf2onnx, src, inputs, opset)
+                except Exception as e:  # tf2onnx and TensorFlow raise plain Exceptions
+                    raise ConversionError(
+                        f"tf2onnx failed to convert {src.label}: {type(e).__name__}: "
+                        f"{first_line(e)}"
+                    ) from e
+        else:
+            specs = [_spec(tf, i) for i in inputs]
+            fn = tf.function(src.call, input_signature=specs)
             try:
-                proto = _run_tf2onnx(tf, tf2onnx, concrete, src.owner, opset)
-            except Exception as e:  # tf2onnx raises plain Exceptions of every kind
-                hint = (
-                    "; models above 2 GB of weights are not supported yet by ferry's TensorFlow "
-                    "converter (convert with python -m tf2onnx.convert --large_model)"
-                    if "2GB" in str(e) or "string too long" in str(e)
-                    else ""
-                )
+                concrete = fn.get_concrete_function(*specs)
+            except Exception as e:  # whatever the model's own code raises while tracing
                 raise ConversionError(
-                    f"tf2onnx failed to convert {src.label}: {type(e).__name__}: {first_line(e)}{hint}"
+                    f"TensorFlow cannot trace {src.label} for inputs {_describe_inputs(inputs)}: "
+                    f"{type(e).__name__}: {first_line(e)}; pass input_shapes (or example_inputs) "
+                    "that the model accepts"
                 ) from e
+            output_order = [str(k) for k in concrete.structured_outputs]
+            tf_graph = concrete.graph
+
+            with _Tf2onnxLog() as log:
+                try:
+                    proto = _run_tf2onnx(tf, tf2onnx, concrete, src.owner, opset)
+                except Exception as e:  # tf2onnx raises plain Exceptions of every kind
+                    hint = (
+                        "; models above 2 GB of weights are not supported yet by ferry's "
+                        "TensorFlow converter (convert with python -m tf2onnx.convert "
+                        "--large_model)"
+                        if "2GB" in str(e) or "string too long" in str(e)
+                        else ""
+                    )
+                    raise ConversionError(
+                        f"tf2onnx failed to convert {src.label}: {type(e).__name__}: "
+                        f"{first_line(e)}{hint}"
+                    ) from e
 
         import onnx_ir as ir
 
         model = ir.from_proto(proto)
-        _raise_unsupported(model, log.records, src.label, opset, concrete)
+        _raise_unsupported(model, log.records, src.label, opset, tf_graph)
         _fix_interface(model, inputs, output_order, symbols, src.batch_first)
         reference = _make_reference(tf, src, inputs)
         logger.debug("converted %s: %d nodes at opset %d", src.label, len(model.graph), opset)
@@ -232,11 +267,109 @@ class TensorFlowConverter:
         try:
             loaded = tf.saved_model.load(str(path))
         except Exception as e:  # protobuf parse errors, missing variables, unknown custom ops
-            raise ModelLoadError(
-                f"cannot load the SavedModel {path}: {type(e).__name__}: {first_line(e)} (a model "
-                "with custom ops needs their library loaded, tf.load_op_library, first)"
-            ) from e
+            # TF2 revives the saved Python objects (Keras layers, optimizers) and fails on the
+            # ones today's classes no longer match; the TF1 loader needs only the graph and the
+            # variables, which every SavedModel has.
+            try:
+                src = self._from_saved_graph(path, notes)
+            except ModelLoadError as v1:
+                raise ModelLoadError(
+                    f"cannot load the SavedModel {path}: {type(e).__name__}: {first_line(e)}; "
+                    f"nor with the TF1 loader: {v1} (a model with custom ops needs their library "
+                    "loaded, tf.load_op_library, first)"
+                ) from e
+            notes.append(
+                f"TensorFlow's object loader cannot restore {path} ({type(e).__name__}: "
+                f"{first_line(e, limit=120)}); it was loaded with the TF1 loader "
+                "(tf.compat.v1.saved_model.loader) and converted from the frozen graph of its "
+                "signature, verified against that session"
+            )
+            return src
         return self._from_signatures(loaded, str(path), notes)
+
+    def _from_saved_graph(self, path: Path, notes: list[str]) -> _Source:
+        """A SavedModel's MetaGraph loaded in a TF1 session; one signature of it.
+
+        Raises:
+            ModelLoadError: the TF1 loader cannot load it, or the signature is missing or has
+                inputs other than dense tensors.
+        """
+        import tensorflow as tf
+
+        tags = _saved_model_tags(path)
+        graph = tf.Graph()
+        session = tf.compat.v1.Session(graph=graph)
+        try:
+            with graph.as_default(), _quiet_tensorflow():
+                meta_graph = tf.compat.v1.saved_model.loader.load(session, tags, str(path))
+        except Exception as e:  # missing variables, unknown ops, a tag set that is not there
+            session.close()
+            raise ModelLoadError(f"{type(e).__name__}: {first_line(e)}") from e
+        try:
+            return self._signature_of(session, meta_graph, path, notes)
+        except Exception:
+            session.close()
+            raise
+
+    def _signature_of(self, session: Any, meta_graph: Any, path: Path, notes: list[str]) -> _Source:
+        import tensorflow as tf
+
+        label = f"{path} (TF1 graph)"
+        signatures = {k: v for k, v in meta_graph.signature_def.items() if not k.startswith("__")}
+        if not signatures:
+            raise ModelLoadError(f"{label} has no signatures, and the converter converts one")
+        key = self._pick_signature(list(signatures), label, notes)
+        signature = signatures[key]
+        keys = sorted(signature.inputs)
+        inputs = []
+        for i, name in enumerate(keys):
+            info = signature.inputs[name]
+            if not info.name:
+                raise ModelLoadError(
+                    f"{label}: input {name!r} of signature {key!r} is a sparse or composite "
+                    "tensor; the TensorFlow converter converts dense inputs only"
+                )
+            dims = (
+                None
+                if info.tensor_shape.unknown_rank
+                else [None if d.size < 0 else int(d.size) for d in info.tensor_shape.dim]
+            )
+            inputs.append(_Input(_tf_name(name, i, len(keys)), tf.as_dtype(info.dtype), dims))
+        _unique(inputs, label)
+        fetches: dict[str, str] = {}
+        for name in sorted(signature.outputs):
+            info = signature.outputs[name]
+            if not info.name:
+                raise ModelLoadError(
+                    f"{label}: output {name!r} of signature {key!r} is a sparse or composite "
+                    "tensor; the TensorFlow converter converts dense outputs only"
+                )
+            fetches[name] = info.name
+        run = _GraphSession(session, [signature.inputs[k].name for k in keys], fetches)
+
+        def call(*arrays: Any) -> dict[str, Any]:
+            feed = dict(zip(run.feeds, arrays))
+            return dict(session.run(run.fetches, feed_dict=feed))
+
+        return _Source(
+            f"{path} (signature {key!r}, TF1 graph)",
+            inputs,
+            call,
+            batch_first=False,
+            owner=session,
+            graph=run,
+        )
+
+    def _pick_signature(self, keys: Sequence[str], label: str, notes: list[str]) -> str:
+        if self.signature in keys:
+            return self.signature
+        if len(keys) == 1:
+            notes.append(f"{label} has no signature {self.signature!r}; converted {keys[0]!r}")
+            return keys[0]
+        raise ModelLoadError(
+            f"{label} has no signature {self.signature!r}; it has {sorted(keys)}: "
+            "choose one with TensorFlowConverter(signature=...)"
+        )
 
     def _from_signatures(self, obj: Any, label: str, notes: list[str]) -> _Source:
         signatures = dict(getattr(obj, "signatures", None) or {})
@@ -245,16 +378,7 @@ class TensorFlowConverter:
                 f"{label} has no signatures, and the TensorFlow converter converts one: save it "
                 "with tf.saved_model.save(obj, path, signatures=obj.f.get_concrete_function(...))"
             )
-        if self.signature in signatures:
-            key = self.signature
-        elif len(signatures) == 1:
-            (key,) = signatures
-            notes.append(f"{label} has no signature {self.signature!r}; converted {key!r}")
-        else:
-            raise ModelLoadError(
-                f"{label} has no signature {self.signature!r}; it has {sorted(signatures)}: "
-                "choose one with TensorFlowConverter(signature=...)"
-            )
+        key = self._pick_signature(list(signatures), label, notes)
         src = _from_concrete(signatures[key], f"{label} (signature {key!r})")
         src.owner = obj
         return src
@@ -298,15 +422,20 @@ def _import_backend() -> tuple[Any, Any]:
         # TensorFlow's C++ INFO lines (two per grappler run tf2onnx starts) drown the CLI's
         # output; a level the user set is kept.
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    from ferry.converters._base import native_stderr_to_log
+
     try:
-        import tensorflow as tf
+        # TensorFlow's native code prints oneDNN notices on import, whatever the log level.
+        with native_stderr_to_log(logger):
+            import tensorflow as tf
     except ImportError as e:
         raise BackendUnavailableError(
             f"converting TensorFlow/Keras models needs TensorFlow ({e}): {_INSTALL}"
         ) from e
     try:
-        import tf2onnx
-        import tf2onnx.convert  # the submodule is not imported by the package
+        with native_stderr_to_log(logger):
+            import tf2onnx
+            import tf2onnx.convert  # the submodule is not imported by the package
     except ImportError as e:
         raise BackendUnavailableError(
             f"converting TensorFlow/Keras models needs tf2onnx ({e}): {_INSTALL}"
@@ -443,6 +572,48 @@ def _keras_backend(keras: Any) -> str | None:
         getattr(keras, "backend", None), "backend", None
     )
     return str(get()) if callable(get) else None
+
+
+def _saved_model_tags(path: Path) -> list[str]:
+    """The tag set of the SavedModel's MetaGraph to load: the one tagged ``serve``, else the only
+    one.
+
+    Raises:
+        ModelLoadError: the file is not a SavedModel proto, or which MetaGraph is meant is unclear.
+    """
+    from google.protobuf import message, text_format
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    proto = saved_model_pb2.SavedModel()
+    try:
+        if (path / "saved_model.pb").is_file():
+            proto.ParseFromString((path / "saved_model.pb").read_bytes())
+        else:
+            text_format.Parse((path / "saved_model.pbtxt").read_text(encoding="utf-8"), proto)
+    except (OSError, UnicodeDecodeError, message.Error) as e:
+        raise ModelLoadError(f"its saved_model.pb cannot be read: {first_line(e)}") from e
+    tag_sets = [list(m.meta_info_def.tags) for m in proto.meta_graphs]
+    serving = [tags for tags in tag_sets if "serve" in tags]
+    if serving:
+        return serving[0]
+    if len(tag_sets) == 1:
+        return tag_sets[0]
+    raise ModelLoadError(
+        f"it has {len(tag_sets)} MetaGraphs, tagged {tag_sets}, and none is tagged 'serve'"
+    )
+
+
+@contextlib.contextmanager
+def _quiet_tensorflow() -> Any:
+    """TensorFlow's Python logger at ERROR: the TF1 loader logs deprecation notices (on stderr,
+    before the CLI's own output) that say nothing the user can act on."""
+    tf_logger = logging.getLogger("tensorflow")
+    level = tf_logger.level
+    tf_logger.setLevel(max(level, logging.ERROR))
+    try:
+        yield
+    finally:
+        tf_logger.setLevel(level)
 
 
 # --- sources reduced to functions ------------------------------------------------------------
@@ -840,6 +1011,78 @@ def _run_tf2onnx(tf: Any, tf2onnx: Any, concrete: Any, trackable: Any, opset: in
     return proto
 
 
+def _run_tf2onnx_graph(
+    tf: Any, tf2onnx: Any, src: _Source, inputs: Sequence[_Input], opset: int
+) -> Any:
+    """Freeze the session's graph between the signature's tensors and convert it; returns the
+    ONNX ModelProto. The steps of tf2onnx's own ``--saved_model`` path for TF1 graphs (its
+    ``freeze_session`` calls TF1-only APIs under TensorFlow 2), then grappler as ``tf_optimize``
+    runs it: that inlines the function calls a TF2-saved graph is made of."""
+    from tf2onnx import tf_loader
+
+    assert src.graph is not None
+    run = src.graph
+    session = run.session
+    input_names = list(run.feeds)
+    output_names = list(dict.fromkeys(run.fetches.values()))
+    renames = {feed: item.name for feed, item in zip(run.feeds, inputs)}
+    for key, tensor in run.fetches.items():
+        renames.setdefault(tensor, key)
+    keep = [t.split(":")[0] for t in (*output_names, *input_names)]
+    with session.graph.as_default(), _quiet_tensorflow():
+        graph_def = session.graph.as_graph_def(add_shapes=True)
+        for node in graph_def.node:
+            node.device = ""
+    # Inline the function calls first: freezing rewrites the variable reads it knows of
+    # (ReadVariableOp, ResourceGather) in the outer graph, but inside a function body it
+    # leaves a ResourceGather reading what has become a float constant.
+    with tf.Graph().as_default(), _quiet_tensorflow():
+        inlined = tf_loader.tf_optimize(input_names, output_names, graph_def)
+    with session.graph.as_default(), _quiet_tensorflow():
+        frozen = tf.compat.v1.graph_util.convert_variables_to_constants(session, inlined, keep)
+        tables = _session_tables(tf, session, frozen)
+    with tf.Graph().as_default(), _quiet_tensorflow():
+        frozen = tf_loader.tf_optimize(input_names, output_names, frozen)
+    shapes = {
+        feed: list(item.dims) for feed, item in zip(run.feeds, inputs) if item.dims is not None
+    }
+    with tf.device("/cpu:0"):
+        proto, _ = tf2onnx.convert._convert_common(
+            frozen,
+            name=src.label,
+            continue_on_error=True,
+            opset=opset,
+            input_names=input_names,
+            output_names=output_names,
+            tensors_to_rename=renames,
+            initialized_tables=tables,
+            shape_override=shapes,
+        )
+    return proto
+
+
+def _session_tables(tf: Any, session: Any, graph_def: Any) -> dict[str, Any]:
+    """The contents of the graph's hash tables (vocabularies), which tf2onnx writes as
+    constants; the loader ran their initializers."""
+    from tf2onnx import tf_loader
+
+    tables: dict[str, Any] = {}
+    for info in tf_loader.get_hash_table_info(graph_def):
+        if info.shared_name is None:
+            continue
+        handle = tf.raw_ops.HashTableV2(
+            key_dtype=info.key_dtype, value_dtype=info.val_dtype, shared_name=info.shared_name
+        )
+        keys, values = tf.raw_ops.LookupTableExportV2(
+            table_handle=handle, Tkeys=info.key_dtype, Tvalues=info.val_dtype
+        )
+        try:
+            tables[info.shared_name] = tuple(session.run([keys, values]))
+        except Exception:  # a table the session cannot export: tf2onnx lists its ops
+            logger.debug("cannot export table %r", info.shared_name, exc_info=True)
+    return tables
+
+
 # --- unsupported ops -------------------------------------------------------------------------
 
 
@@ -875,7 +1118,7 @@ class _Tf2onnxLog(logging.Handler):
 
 
 def _raise_unsupported(
-    model: Any, records: Sequence[logging.LogRecord], label: str, opset: int, concrete: Any
+    model: Any, records: Sequence[logging.LogRecord], label: str, opset: int, tf_graph: Any
 ) -> None:
     """Raise UnsupportedOpError naming every node tf2onnx could not convert, if there is one."""
     failed: dict[str, tuple[str, str | None]] = {}  # node name -> (TF op, why its handler failed)
@@ -886,7 +1129,7 @@ def _raise_unsupported(
         elif record.msg.startswith("Failed to convert node") and args:
             node = str(args[0])
             why = first_line(record.exc_info[1]) if record.exc_info and record.exc_info[1] else None
-            failed[node] = (_tf_op_type(concrete, node, args), why)
+            failed[node] = (_tf_op_type(tf_graph, node, args), why)
     # Whatever the log said, a node ONNX does not know would fail later: count it too.
     for node in model.graph.all_nodes():
         name = node.name or ""
@@ -945,10 +1188,10 @@ def _known_op(node: Any, opsets: Mapping[str, int]) -> bool:
     return True
 
 
-def _tf_op_type(concrete: Any, node: str, args: tuple[Any, ...]) -> str:
+def _tf_op_type(tf_graph: Any, node: str, args: tuple[Any, ...]) -> str:
     """The TensorFlow op of a node whose tf2onnx handler failed (the log has only its name)."""
     with contextlib.suppress(Exception):  # renamed or inlined by grappler: fall back below
-        return str(concrete.graph.get_operation_by_name(node).type)
+        return str(tf_graph.get_operation_by_name(node).type)
     summary = str(args[2]) if len(args) > 2 else ""
     match = re.match(r"OP=(\S+)", summary)
     return match.group(1) if match else "unknown op"
@@ -1044,9 +1287,12 @@ def _make_reference(tf: Any, src: _Source, inputs: Sequence[_Input]) -> Referenc
 
     def reference(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         require_inputs(feeds, names, src.label)
-        tensors = [tf.convert_to_tensor(feeds[n], dtype=d) for n, d in zip(names, dtypes)]
+        if src.graph is not None:  # a session: numpy arrays in the graph's dtypes
+            args = [np.asarray(feeds[n], dtype=d.as_numpy_dtype) for n, d in zip(names, dtypes)]
+        else:
+            args = [tf.convert_to_tensor(feeds[n], dtype=d) for n, d in zip(names, dtypes)]
         try:
-            result = src.call(*tensors)
+            result = src.call(*args)
         except Exception as e:  # the source's own failure on these inputs
             raise ExecutionError(
                 f"{src.label} failed on inputs {describe_feeds(feeds)}: {type(e).__name__}: "

@@ -199,6 +199,9 @@ class Session:
         ]
         #: Specs of the inputs ``run`` needs: name, shape (symbolic dims as str), numpy dtype.
         self.inputs: list[TensorSpec] = required
+        #: Inputs ``run`` may be given but has defaults for (initializers the model also lists as
+        #: inputs), e.g. a streaming model's state.
+        self.optional_inputs: list[TensorSpec] = optional
         #: Specs of the outputs ``run`` gives.
         self.outputs: list[TensorSpec] = [spec_of(v) for v in model.graph.outputs]
         self._checker = InputChecker(required, optional)

@@ -595,6 +595,42 @@ def int16x8() -> tuple[tf.lite.TFLiteConverter, set[str]]:
     return conv, {"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"}
 
 
+# ----------------------------------------------------------------------------- stateful models
+
+
+class _Stream(tf.Module):
+    """A streaming model in the style of microWakeWord: resource variables keep a window of past
+    frames and a running total between calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Non-zero initial values: the CALL_ONCE init subgraph must be read, not assumed zero.
+        self.window = tf.Variable(
+            RNG.normal(0.0, 0.5, size=(1, 4, 3)).astype(np.float32), name="window"
+        )
+        self.total = tf.Variable(np.full((1, 3), 0.25, np.float32), name="total")
+        self.w = _weights(3, 3)
+
+    @tf.function(input_signature=[tf.TensorSpec((1, 2, 3), tf.float32, name="frames")])
+    def __call__(self, frames: tf.Tensor) -> dict[str, tf.Tensor]:
+        window = tf.concat([self.window[:, 2:], frames], axis=1)
+        self.window.assign(window)
+        self.total.assign(self.total * 0.5 + tf.matmul(tf.reduce_mean(window, axis=1), self.w))
+        # Read again after the assignments: these reads see the new values.
+        score = tf.tanh(self.total.read_value()) + tf.reduce_max(self.window, axis=1)
+        return {"score": score}
+
+
+def streaming() -> tuple[tf.lite.TFLiteConverter, set[str]]:
+    """Resource variables (streaming state): VAR_HANDLE, READ_VARIABLE, ASSIGN_VARIABLE, and a
+    CALL_ONCE init subgraph assigning their initial values."""
+    module = _Stream()
+    concrete = module.__call__.get_concrete_function()
+    conv = tf.lite.TFLiteConverter.from_concrete_functions([concrete], module)
+    conv.experimental_enable_resource_variables = True
+    return conv, {"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "CALL_ONCE"}
+
+
 # ------------------------------------------------------------------------------ error fixtures
 
 
@@ -666,6 +702,7 @@ BUILDERS: dict[str, Callable[[], tuple[tf.lite.TFLiteConverter, set[str]]]] = {
     "float16": float16,
     "sparse": sparse,
     "int16x8": int16x8,
+    "streaming": streaming,
     "unsupported": unsupported,
     "while_loop": while_loop,
     "custom_op": custom_op,

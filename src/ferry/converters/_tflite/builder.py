@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from ferry.converters._tflite.state import State
 from ferry.errors import ConversionError
 from ferry.formats import TFLITE_INT4, TFLiteOperator, TFLiteQuant, TFLiteSubgraph, TFLiteTensor
 
@@ -82,11 +83,13 @@ class Builder:
     Args:
         subgraph: the TFLite subgraph being translated.
         opset: the default-domain opset the translators write for.
+        state: its resource variables (``state``), which become graph inputs and outputs.
     """
 
-    def __init__(self, subgraph: TFLiteSubgraph, opset: int) -> None:
+    def __init__(self, subgraph: TFLiteSubgraph, opset: int, state: State | None = None) -> None:
         self.sg = subgraph
         self.opset = opset
+        self.state = state if state is not None else State()
         self.nodes: list[ir.Node] = []
         self.initializers: list[ir.Value] = []
         self.inputs: list[ir.Value] = []
@@ -107,6 +110,8 @@ class Builder:
         # Names the graph's inputs and outputs must carry: reserved so that nothing else takes
         # them; the input, or the value bound to the output tensor, claims its name.
         self._reserved = {subgraph.tensors[i].name for i in (*subgraph.inputs, *subgraph.outputs)}
+        self._reserved.update(v.input_name for v in self.state.inputs)
+        self._reserved.update(v.output_name for v in self.state.outputs)
 
     # ---------------------------------------------------------------------------- naming
 
@@ -381,25 +386,52 @@ class Builder:
 
     # ---------------------------------------------------------------------------- inputs
 
-    def add_input(self, index: int, shape: Sequence[int | str | None]) -> None:
-        """Make tensor ``index`` a graph input of the given shape (TFLite layout and type)."""
+    def add_input(
+        self,
+        index: int,
+        shape: Sequence[int | str | None],
+        *,
+        name: str | None = None,
+        default: np.ndarray | None = None,
+    ) -> None:
+        """Make tensor ``index`` a graph input of the given shape (TFLite layout and type).
+
+        Args:
+            index: the tensor.
+            shape: its dims, symbolic ones as names.
+            name: the input's name (default: the tensor's).
+            default: the value it takes when a caller leaves it out: an initializer that is also
+                an input (IR 4 and later), e.g. a state variable's initial value.
+        """
         t = self.sg.tensors[index]
         value = ir.Value(
-            name=self.claim(t.name),
+            name=self.claim(name or t.name),
             shape=ir.Shape(list(shape)),
             type=ir.TensorType(onnx_type(t.type)),
         )
+        if default is not None:
+            value.const_value = ir.Tensor(
+                np.ascontiguousarray(default, dtype=_numpy_type(t)), name=value.name
+            )
+            self.initializers.append(value)
         self.inputs.append(value)
         self._own(value)
+        self.bind_raw(index, value)
+
+    def bind_raw(self, index: int, stored: ir.Value) -> None:
+        """Make ``stored`` (numbers as stored: the integers of a quantized tensor) the value of
+        tensor ``index``, read with its own quantization (a resource variable's bytes, read by
+        READ_VARIABLE)."""
+        t = self.sg.tensors[index]
         if t.quant is not None and t.type in _QDQ_TYPES:
-            self._raw[index] = value
+            self._raw[index] = stored
             scale, zero = self._qparams_for(t, t.quant, np.dtype(_QDQ_TYPES[t.type]), 0)
-            out = self.op1("DequantizeLinear", [value, scale, zero], name="dequantize")
+            out = self.op1("DequantizeLinear", [stored, scale, zero], name="dequantize")
             out.name = self.unique(f"{t.name}/dequantized")
             self._own(out)
             self._real[index] = out
         else:
-            self._real[index] = value
+            self._real[index] = stored
 
     # ---------------------------------------------------------------------------- outputs
 
@@ -562,6 +594,14 @@ class Builder:
                     value = self.op1("Identity", [value], name="output")
                 value.name = self.claim(t.name)
             taken.add(value)
+            value.type = ir.TensorType(onnx_type(t.type))
+            value.shape = ir.Shape(list(t.dims))
+            self.outputs.append(value)
+        for variable in self.state.outputs:
+            assert variable.assigned is not None
+            t = self.sg.tensors[variable.assigned]
+            value = self.op1("Identity", [self.raw_of(variable.assigned)], name="state_out")
+            value.name = self.claim(variable.output_name)
             value.type = ir.TensorType(onnx_type(t.type))
             value.shape = ir.Shape(list(t.dims))
             self.outputs.append(value)

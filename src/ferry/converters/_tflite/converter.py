@@ -5,7 +5,9 @@ Before -> After::
     model.tflite (NHWC, float / int8 / uint8 / float16 weights)
         -> ir.Model (same NHWC inputs and outputs; quantized tensors as QuantizeLinear/
            DequantizeLinear pairs around float ops; NCHW-only ONNX ops (Conv, pooling...) and
-           the ops between them computed in NCHW, so Transposes sit at the graph's edges)
+           the ops between them computed in NCHW, so Transposes sit at the graph's edges;
+           resource variables, a streaming model's state, as inputs ``state:<name>`` with their
+           initial values as defaults and outputs ``state_out:<name>``, see ``state``)
 
 Reading needs the pure-Python ``tflite`` schema package; the reference (the source model run on the
 same inputs) uses the LiteRT interpreter (``ai-edge-litert``) when it is installed, else
@@ -24,7 +26,13 @@ from pathlib import Path
 import numpy as np
 
 from ferry.converters._base import Converted, ConvertOptions, as_array, name_examples
-from ferry.errors import ConversionError, ModelLoadError
+from ferry.converters._tflite.state import (
+    STATE_INPUT_PREFIX,
+    STATE_OUTPUT_PREFIX,
+    State,
+    find_state,
+)
+from ferry.errors import ConversionError, InvalidInputError, ModelLoadError
 from ferry.formats import TFLITE_DTYPES, TFLiteSubgraph, TFLiteTensor, is_tflite, read_tflite
 
 __all__ = ["TFLiteConverter"]
@@ -73,26 +81,36 @@ class TFLiteConverter:
 
         data, label = _load(source)
         model = read_tflite(data, label)
+        state = find_state(model)
         notes: list[str] = []
-        if len(model.subgraphs) > 1:
+        others = len(model.subgraphs) - 1 - len(state.init_subgraphs)
+        if others > 0:
             notes.append(
                 f"the model has {len(model.subgraphs)} subgraphs; subgraph 0 (the main one) "
                 "was converted"
             )
         if any(t.is_variable for t in model.subgraphs[0].tensors):
             notes.append(
-                "state tensors (LSTM states, variables) start from their initial values on "
-                "every run; LiteRT would carry them over between invocations"
+                "variable tensors (the states of LSTM-style ops) start from their initial "
+                "values on every run; LiteRT would carry them over between invocations"
             )
         ir_model = translate(
-            model, label, input_shapes=options.input_shapes, dynamic_axes=options.dynamic_axes
+            model,
+            label,
+            input_shapes=options.input_shapes,
+            dynamic_axes=options.dynamic_axes,
+            state=state,
         )
         sg = model.subgraphs[0]
+        if state.variables:
+            notes.append(_state_note(state))
         outputs = [sg.tensors[i] for i in sg.outputs]
         in_names = [v.name or "" for v in ir_model.graph.inputs]
         out_names = [v.name or "" for v in ir_model.graph.outputs]
+        # The state inputs have defaults (a fresh interpreter's values): the parity check leaves
+        # them out, so it compares a first call with LiteRT's, state outputs included.
         samples = _sample_inputs(sg, in_names, options)
-        reference, reference_notes = make_reference(data, sg, in_names, out_names)
+        reference, reference_notes = make_reference(data, sg, in_names, out_names, state=state)
         notes += reference_notes
         tolerance, note = _tolerance(sg, outputs)
         if note:
@@ -104,6 +122,22 @@ class TFLiteConverter:
             tolerance=tolerance,
             notes=notes,
         )
+
+
+def _state_note(state: State) -> str:
+    names = ", ".join(v.name for v in state.variables)
+    starts = (
+        "their initial values (from the model's CALL_ONCE init subgraph)"
+        if all(v.initial is not None for v in state.inputs)
+        else "their initial values (the init subgraph's, else zeros)"
+    )
+    return (
+        f"stateful (streaming) model: its {len(state.variables)} resource variable(s) ({names}) "
+        f"are explicit: input '{STATE_INPUT_PREFIX}<name>' (default: {starts}, as in a fresh "
+        f"LiteRT interpreter) and output '{STATE_OUTPUT_PREFIX}<name>' (the value after the "
+        "call). Feed each output back as the input of the next call to stream, as LiteRT "
+        "carries them between invocations"
+    )
 
 
 def _load(source: Path | object) -> tuple[bytes, str]:
@@ -131,9 +165,19 @@ def _sample_inputs(
 ) -> dict[str, np.ndarray]:
     """Inputs for the parity check: the user's example inputs, or ones that span what the model
     expects (the full integer range of a quantized input; for a float input that is quantized
-    right away, the range its quantization covers; else uniform in [-1, 1])."""
+    right away, the range its quantization covers; else uniform in [-1, 1]).
+
+    ``names`` are the converted model's inputs: the subgraph's, then the state inputs, which
+    examples may leave out (they have defaults).
+    """
     if options.example_inputs is not None:
-        named = name_examples(options.example_inputs, names)
+        named = name_examples(options.example_inputs, names, leading=True)
+        missing = [n for n in names[: len(sg.inputs)] if n not in named]
+        if missing:
+            raise InvalidInputError(
+                f"example_inputs lacks {', '.join(map(repr, missing))}, which the model needs; "
+                f"its inputs are: {', '.join(names)}"
+            )
         return {name: as_array(value, name) for name, value in named.items()}
     rng = np.random.default_rng(0)
     samples = {}

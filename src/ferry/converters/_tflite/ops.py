@@ -30,8 +30,9 @@ __all__ = ["CONTROL_FLOW", "CUSTOM_TRANSLATORS", "TRANSLATORS", "Translator"]
 
 Translator = Callable[[Builder, TFLiteOperator], None]
 
-#: Ops that call other subgraphs; named in the error so the user knows why.
-CONTROL_FLOW = {"WHILE", "IF", "CALL", "CALL_ONCE", "STABLEHLO_WHILE", "STABLEHLO_COMPOSITE"}
+#: Ops that call other subgraphs; named in the error so the user knows why. (CALL_ONCE, which
+#: initialises resource variables, is translated: see ``state``.)
+CONTROL_FLOW = {"WHILE", "IF", "CALL", "STABLEHLO_WHILE", "STABLEHLO_COMPOSITE"}
 
 _INT64_MAX = np.iinfo(np.int64).max
 _INT64_MIN = np.iinfo(np.int64).min
@@ -1432,3 +1433,38 @@ def _lstm_state(b: Builder, i: int, x: ir.Value, time_major: bool) -> ir.Value:
     size = b.ints([t.shape[-1]], "size")
     dims = b.op1("Concat", [batch, size], {"axis": 0})
     return b.op1("Expand", [b.const(np.zeros((1, 1), np.float32), f"{b.prefix}/zero"), dims])
+
+
+# ------------------------------------------------------------------------ resource variables
+# The variables are graph inputs and outputs (see ``state``): the builder makes the inputs
+# before the walk and the outputs after it; these ops only route values between them.
+
+
+def _state_problem(b: Builder, op: TFLiteOperator) -> None:
+    why = b.state.problems.get(op.index)
+    if why is not None:
+        raise Unsupported(why)
+
+
+@_register("CALL_ONCE", "VAR_HANDLE")
+def _state_setup(b: Builder, op: TFLiteOperator) -> None:
+    """CALL_ONCE's work is the state inputs' defaults; VAR_HANDLE's, naming them."""
+    _state_problem(b, op)
+
+
+@_register("READ_VARIABLE")
+def _read_variable(b: Builder, op: TFLiteOperator) -> None:
+    _state_problem(b, op)
+    out = _out(op)
+    source = b.state.aliases.get(out)
+    if source is not None:  # the value it was last assigned (or read at the start)
+        b.bind_raw(out, b.raw_of(source))
+    elif not b.is_bound(out):  # the first read: the state input, made before the walk
+        raise Unsupported("it reads a variable that ferry did not make a state input for")
+
+
+@_register("ASSIGN_VARIABLE")
+def _assign_variable(b: Builder, op: TFLiteOperator) -> None:
+    """The value assigned last is the state output (``Builder.finish_outputs``)."""
+    _state_problem(b, op)
+    b.raw_of(op.inputs[1])  # computed (or a constant made) by now

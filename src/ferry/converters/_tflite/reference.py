@@ -1,5 +1,12 @@
 """The parity reference: the source ``.tflite`` run by the LiteRT interpreter.
 
+A stateful model (resource variables, see ``state``) is run two ways. Called without state
+inputs, or with their initial values, the reference is the file itself in a fresh interpreter
+(its CALL_ONCE initialises the variables as on a device's first call), with the variables' new
+values read from the tensors assigned to them. Called with other state, it is a copy of the file
+in which the variables are plain subgraph inputs and outputs (the ops handling them removed),
+since LiteRT offers no way to set a variable from outside.
+
 For dynamic-range (hybrid) models, LiteRT's kernels quantize activations to int8 on the fly while
 the converted model computes in float with the weights dequantized, which is more exact; over a
 deep network the two drift apart by a good share of the output range, which no fixed tolerance
@@ -16,10 +23,18 @@ from typing import Any
 
 import numpy as np
 
-from ferry.converters._base import ReferenceFn, first_line, require_inputs
+from ferry.converters._base import ReferenceFn, first_line, native_stderr_to_log, require_inputs
+from ferry.converters._tflite.state import STATE_OPS, State
 from ferry.formats import TFLITE_IDENTIFIER, TFLITE_INT4, TFLiteSubgraph
 
-__all__ = ["HYBRID_OPS", "dequantize_hybrid_weights", "hybrid_weights", "make_reference"]
+__all__ = [
+    "HYBRID_OPS",
+    "dequantize_hybrid_weights",
+    "hybrid_weights",
+    "make_reference",
+    "stateless",
+    "with_outputs",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -83,8 +98,6 @@ def dequantize_hybrid_weights(
     """A copy of the flatbuffer with subgraph 0's ``tensors`` (int8/int4 weights, as read into
     ``sg``) turned into float32 constants, through the schema's object API (the TFLite writer's own
     code)."""
-    import flatbuffers
-
     model = schema.ModelT.InitFromPackedBuf(data, 0)
     written = model.subgraphs[0]
     for index in sorted(tensors):
@@ -99,9 +112,47 @@ def dequantize_hybrid_weights(
         t.buffer = len(model.buffers) - 1
         t.type = _FLOAT32
         t.quantization = None
-    builder = flatbuffers.Builder(len(data) * 2 + 1024)
+    return _pack(model, len(data))
+
+
+def _pack(model: Any, size: int) -> bytes:
+    import flatbuffers
+
+    builder = flatbuffers.Builder(size * 2 + 1024)
     builder.Finish(model.Pack(builder), file_identifier=TFLITE_IDENTIFIER)
     return bytes(builder.Output())
+
+
+def with_outputs(data: bytes, schema: Any, tensors: Sequence[int]) -> bytes:
+    """A copy of the flatbuffer whose subgraph 0 also outputs ``tensors`` (after its own)."""
+    model = schema.ModelT.InitFromPackedBuf(data, 0)
+    main = model.subgraphs[0]
+    main.outputs = [*_ints(main.outputs), *tensors]
+    return _pack(model, len(data))
+
+
+def stateless(data: bytes, schema: Any, sg: TFLiteSubgraph, state: State) -> bytes:
+    """A copy of the flatbuffer in which subgraph 0's resource variables are plain inputs and
+    outputs, in the converted model's order (after the model's own): each variable's first read
+    tensor is an input, the tensor last assigned to it an output, later reads are wired to the
+    tensor they read, and the ops handling variables (CALL_ONCE included) are gone."""
+    model = schema.ModelT.InitFromPackedBuf(data, 0)
+    main = model.subgraphs[0]
+    kept = []
+    for read, op in zip(sg.operators, main.operators):
+        if read.opcode in STATE_OPS:
+            continue
+        op.inputs = [state.aliases.get(i, i) for i in _ints(op.inputs)]
+        kept.append(op)
+    main.operators = kept
+    main.inputs = [*_ints(main.inputs), *(v.read for v in state.inputs)]
+    outputs = [state.aliases.get(i, i) for i in _ints(main.outputs)]
+    main.outputs = [*outputs, *(v.assigned for v in state.outputs)]
+    return _pack(model, len(data))
+
+
+def _ints(values: Any) -> list[int]:
+    return [] if values is None else [int(v) for v in values]
 
 
 def make_reference(
@@ -110,17 +161,19 @@ def make_reference(
     in_names: Sequence[str],
     out_names: Sequence[str],
     *,
+    state: State | None = None,
     dequantize_hybrid: bool = True,
 ) -> tuple[ReferenceFn | None, list[str]]:
     """A function running the model with LiteRT, and notes on how it runs it.
 
-    Inputs and outputs are named as the converted model's (``in_names``/``out_names`` follow
-    subgraph 0's input and output order).
+    Inputs and outputs are named as the converted model's: ``in_names``/``out_names`` follow
+    subgraph 0's input and output order, then ``state``'s inputs and outputs.
     """
     cls, schema, why = _interpreter()
     if cls is None:
         return None, [f"no reference run: {why}"]
     notes = []
+    state = state if state is not None else State()
     hybrid = hybrid_weights(sg) if dequantize_hybrid else set()
     content = data
     if hybrid:
@@ -134,34 +187,77 @@ def make_reference(
             "in the converted model, which computes in float; the reference ran LiteRT on the "
             "same dequantized weights (LiteRT's hybrid kernels also round activations to int8)"
         )
+    n_in, n_out = len(sg.inputs), len(sg.outputs)
+    inputs = list(zip(sg.inputs, in_names[:n_in]))
+    outputs = list(zip(sg.outputs, out_names[:n_out]))
+    # (tensor, name) of the variables' first reads and last assignments.
+    state_in = [(v.read, n) for v, n in zip(state.inputs, in_names[n_in:]) if v.read is not None]
+    state_out = [
+        (v.assigned, n) for v, n in zip(state.outputs, out_names[n_out:]) if v.assigned is not None
+    ]
+    fresh = content
+    explicit = None
+    if state.variables:
+        try:
+            fresh = with_outputs(content, schema, [index for index, _ in state_out])
+            explicit = stateless(content, schema, sg, state)
+        except Exception as e:  # an unusual file the object API cannot round-trip
+            logger.debug("cannot rewrite the stateful model", exc_info=True)
+            return None, [*notes, f"no reference run: cannot rewrite the state ops ({e})"]
     try:
-        interpreter = cls(model_content=content)
-        details = {d["index"]: d for d in interpreter.get_input_details()}
-        outputs = {d["index"]: d for d in interpreter.get_output_details()}
+        with native_stderr_to_log(logger):
+            interpreter = cls(model_content=explicit or content)
+            if explicit is not None:
+                cls(model_content=fresh)  # what a first call runs loads too
     except Exception as e:  # custom/Flex ops it lacks, names it cannot decode...: no reference
         return None, [*notes, f"no reference run: LiteRT cannot load the model: {first_line(e)}"]
-    state: dict[str, Any] = {"shapes": None}
+    defaults = {name: v.default(sg) for v, name in zip(state.inputs, in_names[n_in:])}
+    shapes: dict[str, Any] = {"shapes": None}
 
     def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        require_inputs(feeds, in_names, "the TFLite reference")
-        arrays = []
-        for index, name in zip(sg.inputs, in_names):
-            arrays.append((details[index], np.ascontiguousarray(feeds[name])))
-        shapes = [a.shape for _, a in arrays]
-        if shapes != state["shapes"]:
-            for detail, array in arrays:
-                interpreter.resize_tensor_input(detail["index"], array.shape, strict=False)
-            interpreter.allocate_tensors()
-            state["shapes"] = shapes
-        for detail, array in arrays:
-            interpreter.set_tensor(detail["index"], array.astype(detail["dtype"], copy=False))
-        # LiteRT keeps variable tensors (LSTM states) from one invoke to the next; the ONNX
-        # model starts every run from their initial values, so the reference must too.
-        interpreter.reset_all_variables()
-        interpreter.invoke()
-        return {
-            name: np.array(interpreter.get_tensor(outputs[index]["index"]))
-            for index, name in zip(sg.outputs, out_names)
-        }
+        require_inputs(feeds, [name for _, name in inputs], "the TFLite reference")
+        first_call = all(
+            name not in feeds or np.array_equal(np.asarray(feeds[name]), value)
+            for name, value in defaults.items()
+        )
+        wanted = [*outputs, *state_out]
+        if state.variables and first_call:
+            # A fresh interpreter: CALL_ONCE initialises the variables, as on a first call.
+            with native_stderr_to_log(logger):
+                first = cls(model_content=fresh)
+            return _invoke(first, inputs, feeds, wanted, None)
+        given = [*inputs, *state_in]
+        feeds = {**defaults, **feeds}
+        return _invoke(interpreter, given, feeds, wanted, shapes)
 
     return run, notes
+
+
+def _invoke(
+    interpreter: Any,
+    inputs: Sequence[tuple[int, str]],
+    feeds: dict[str, np.ndarray],
+    outputs: Sequence[tuple[int, str]],
+    shapes: dict[str, Any] | None,
+) -> dict[str, np.ndarray]:
+    """Set ``inputs`` (tensor index, feed name), invoke, and read ``outputs`` by name."""
+    details = {d["index"]: d for d in interpreter.get_input_details()}
+    arrays = [(details[index], np.ascontiguousarray(feeds[name])) for index, name in inputs]
+    current = [a.shape for _, a in arrays]
+    if shapes is None or current != shapes["shapes"]:
+        for detail, array in arrays:
+            interpreter.resize_tensor_input(detail["index"], array.shape, strict=False)
+        with native_stderr_to_log(logger):
+            interpreter.allocate_tensors()
+        if shapes is not None:
+            shapes["shapes"] = current
+    for detail, array in arrays:
+        interpreter.set_tensor(detail["index"], array.astype(detail["dtype"], copy=False))
+    # LiteRT keeps variable tensors (LSTM states) from one invoke to the next; the ONNX
+    # model starts every run from their initial values, so the reference must too.
+    interpreter.reset_all_variables()
+    interpreter.invoke()
+    found = {d["index"]: d for d in interpreter.get_output_details()}
+    return {
+        name: np.array(interpreter.get_tensor(found[index]["index"])) for index, name in outputs
+    }

@@ -17,6 +17,7 @@ from ferry._version import __version__
 from ferry.converters._base import list_ops
 from ferry.converters._tflite.builder import Builder, Unsupported
 from ferry.converters._tflite.ops import CONTROL_FLOW, CUSTOM_TRANSLATORS, TRANSLATORS
+from ferry.converters._tflite.state import State, find_state
 from ferry.errors import ConversionError, FerryError, UnsupportedOpError
 from ferry.formats import TFLiteModel, TFLiteOperator, TFLiteSubgraph
 
@@ -60,8 +61,13 @@ def translate(
     *,
     input_shapes: Mapping[str, Sequence[int | str]] | None = None,
     dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
+    state: State | None = None,
 ) -> ir.Model:
     """Translate ``model``'s main subgraph.
+
+    Resource variables (``state``, found by :func:`find_state` when not given) become graph
+    inputs ``state:<name>``, after the model's own, with their initial values as defaults, and
+    graph outputs ``state_out:<name>``, after the model's own.
 
     Raises:
         UnsupportedOpError: listing every op that cannot be translated, with counts.
@@ -69,7 +75,9 @@ def translate(
     """
     sg = model.subgraphs[0]
     opset = _OPSET_16BIT if _has_16bit_activations(sg) else DEFAULT_OPSET
-    b = Builder(sg, opset)
+    if state is None:
+        state = find_state(model)
+    b = Builder(sg, opset, state)
     for index in sg.inputs:
         try:
             b.add_input(index, input_dims(sg, index, input_shapes, dynamic_axes))
@@ -77,6 +85,16 @@ def translate(
             raise ConversionError(
                 f"{source}: graph input {sg.tensors[index].name!r}: {e}"
             ) from None
+    for variable in state.inputs:
+        assert variable.read is not None
+        t = sg.tensors[variable.read]
+        dims = [
+            d if d is not None else f"{variable.input_name}_dim{i}" for i, d in enumerate(t.dims)
+        ]
+        try:
+            b.add_input(variable.read, dims, name=variable.input_name, default=variable.default(sg))
+        except (Unsupported, ValueError) as e:
+            raise ConversionError(f"{source}: state variable {variable.name!r}: {e}") from None
 
     problems: list[tuple[TFLiteOperator, str]] = []
     failed: set[int] = set()
@@ -88,7 +106,9 @@ def translate(
             else TRANSLATORS.get(op.opcode)
         )
         reason = _why_unsupported(op) if translator is None else None
-        if translator is None or any(i in failed for i in op.inputs if i >= 0):
+        # A READ_VARIABLE after an ASSIGN_VARIABLE reads the tensor assigned.
+        reads = [*op.inputs, *(state.aliases[o] for o in op.outputs if o in state.aliases)]
+        if translator is None or any(i in failed for i in reads if i >= 0):
             # Downstream of a failed op only the translator's existence can be checked.
             if reason is not None:
                 problems.append((op, reason))
