@@ -32,7 +32,10 @@ import numpy as np
 from ferry.errors import InvalidInputError
 
 __all__ = [
+    "DEFAULT_BUDGET",
     "JUDGE_KINDS",
+    "Budget",
+    "BudgetVerdict",
     "Judge",
     "Judgement",
     "OutputParity",
@@ -40,6 +43,8 @@ __all__ = [
     "compare_outputs",
     "default_tolerance",
     "judge",
+    "parse_budget",
+    "within_budget",
 ]
 
 #: ``(atol, rtol)``.
@@ -454,3 +459,129 @@ _MEASURES: dict[str, Callable[[str, str, np.ndarray, np.ndarray, dict[str, Any]]
     "argmax_seq": _argmax_seq,
     "custom": _custom,
 }
+
+
+# ---------------------------------------------------------------------------------------------
+# Accuracy budgets: what a reduced-precision or re-placed configuration may lose
+
+
+#: The default budget: every output keeps a cosine similarity of at least 0.999 to the reference,
+#: and the argmax over its last axis (a classifier's top-1, a sequence's tokens) agrees at 99%
+#: of the positions.
+DEFAULT_BUDGET: tuple[dict[str, Any], ...] = (
+    {"kind": "cosine", "min": 0.999},
+    {"kind": "argmax_seq", "min_agreement": 0.99},
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetVerdict:
+    """How a configuration's outputs fared against a budget: every judgement, and whether all
+    passed. ``worst`` is the lowest score (the figure tables show)."""
+
+    judgements: tuple[Judgement, ...]
+
+    @property
+    def passed(self) -> bool:
+        return all(j.passed for j in self.judgements)
+
+    @property
+    def worst(self) -> float:
+        return min((j.score for j in self.judgements), default=1.0)
+
+    def summary(self) -> str:
+        failed = [j for j in self.judgements if not j.passed]
+        if not failed:
+            return f"within budget (worst score {self.worst:.6g})"
+        return "outside budget: " + "; ".join(f"{j.output}: {j.detail}" for j in failed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "worst": self.worst,
+            "judgements": [j.to_dict() for j in self.judgements],
+        }
+
+
+#: A budget: judge specs (see :func:`judge`), one spec, or a function ``(got, want) -> bool |
+#: float`` judged per output (a score passes at >= 1 for bools, else at >= its ``min``).
+Budget = Sequence[Mapping[str, Any]] | Mapping[str, Any] | Callable[..., Any]
+
+
+def parse_budget(text: str) -> list[dict[str, Any]]:
+    """``--accuracy`` text as judge specs: ``"cosine=0.9995,top1=0.98"``; ``top1`` and ``argmax``
+    are the argmax agreement over the last axis, ``cosine`` the similarity, ``mask@0.5=0.99``
+    the agreement of the masks at that threshold.
+
+    Raises:
+        InvalidInputError: an unknown kind or a value that is not a number in [0, 1].
+    """
+    specs: list[dict[str, Any]] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        kind, sep, value = item.partition("=")
+        try:
+            least = float(value) if sep else None
+        except ValueError:
+            least = -1.0
+        if least is not None and not 0.0 <= least <= 1.0:
+            raise InvalidInputError(f"--accuracy {item!r}: the value must be a number in [0, 1]")
+        kind = kind.strip()
+        if kind == "cosine":
+            specs.append({"kind": "cosine", "min": 0.999 if least is None else least})
+        elif kind in ("top1", "argmax", "argmax_seq"):
+            specs.append({"kind": "argmax_seq", "min_agreement": 0.99 if least is None else least})
+        elif kind.startswith("mask@"):
+            try:
+                threshold = float(kind.removeprefix("mask@"))
+            except ValueError:
+                raise InvalidInputError(
+                    f"--accuracy {item!r}: mask@THRESHOLD needs a number"
+                ) from None
+            specs.append(
+                {
+                    "kind": "mask",
+                    "threshold": threshold,
+                    "min_agreement": 0.99 if least is None else least,
+                }
+            )
+        else:
+            raise InvalidInputError(
+                f"--accuracy {item!r}: unknown measure {kind!r}; use cosine, top1 (or argmax) "
+                "and mask@THRESHOLD, each =MIN, e.g. cosine=0.999,top1=0.99"
+            )
+    if not specs:
+        raise InvalidInputError("--accuracy is empty; e.g. cosine=0.999,top1=0.99")
+    return specs
+
+
+def within_budget(
+    got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray], budget: Budget | None = None
+) -> BudgetVerdict:
+    """Judge ``got`` against the reference ``want`` with every judge of ``budget`` (default
+    :data:`DEFAULT_BUDGET`). Outputs that are not floats (labels, masks as ints) must be equal;
+    the argmax measures apply only to float outputs whose last axis has two or more entries.
+    """
+    if callable(budget):
+        specs: list[Mapping[str, Any]] = [{"kind": "custom", "function": budget}]
+    elif budget is None:
+        specs = list(DEFAULT_BUDGET)
+    elif isinstance(budget, Mapping):
+        specs = [budget]
+    else:
+        specs = list(budget)
+    judgements: list[Judgement] = []
+    for name in got:
+        g, w = np.asarray(got[name]), np.asarray(want[name])
+        if g.dtype.kind not in "fc" and g.dtype.name != "bfloat16":
+            report = compare_outputs({name: g}, {name: w}, strict=False)
+            (out,) = report.outputs
+            score = 1.0 - out.mismatched / max(g.size, 1)
+            judgements.append(Judgement("exact", name, score, 1.0, out.passed, out.describe()))
+            continue
+        for spec in specs:
+            if spec.get("kind") in ("argmax_seq", "top1") and (g.ndim == 0 or g.shape[-1] < 2):
+                continue
+            judgements.extend(judge({**spec, "output": name})({name: g}, {name: w}))
+    return BudgetVerdict(tuple(judgements))

@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 from ferry.errors import InvalidInputError
-from ferry.parity import JUDGE_KINDS, compare_outputs, default_tolerance, judge
+from ferry.parity import (
+    JUDGE_KINDS,
+    compare_outputs,
+    default_tolerance,
+    judge,
+    parse_budget,
+    within_budget,
+)
 
 # --------------------------------------------------------------------------------------------------
 # compare_outputs, lenient: converters, plans, auto
@@ -219,3 +226,45 @@ def test_a_missing_output_is_named() -> None:
 
 def test_every_kind_is_described() -> None:
     assert set(JUDGE_KINDS) == {"top1", "cosine", "mask", "argmax_seq", "custom"}
+
+
+# --------------------------------------------------------------------------------------------------
+# Accuracy budgets
+
+
+def test_default_budget_keeps_answers_and_closeness() -> None:
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((4, 10)).astype(np.float32)
+    ids = np.array([1, 2, 3])
+    close = within_budget({"y": logits * 1.0001, "ids": ids}, {"y": logits, "ids": ids})
+    assert close.passed and close.worst > 0.999
+    kinds = {(j.output, j.kind) for j in close.judgements}
+    assert kinds == {("y", "cosine"), ("y", "argmax_seq"), ("ids", "exact")}
+    flipped = logits.copy()
+    flipped[0] = -flipped[0]  # one row's answer changes: 75% top-1 agreement
+    far = within_budget({"y": flipped}, {"y": logits})
+    assert not far.passed and "outside budget" in far.summary()
+    wrong_ids = within_budget({"ids": np.array([1, 2, 4])}, {"ids": ids})
+    assert not wrong_ids.passed and wrong_ids.worst == pytest.approx(2 / 3)
+    # The argmax measure needs a last axis of two or more: a scalar per sample is judged by cosine.
+    scores = np.array([[0.2], [0.9]], np.float32)
+    assert {j.kind for j in within_budget({"s": scores}, {"s": scores}).judgements} == {"cosine"}
+
+
+def test_budgets_given_as_text_specs_or_functions() -> None:
+    assert parse_budget("cosine=0.9995,top1=0.98") == [
+        {"kind": "cosine", "min": 0.9995},
+        {"kind": "argmax_seq", "min_agreement": 0.98},
+    ]
+    assert parse_budget("mask@0.3=0.99") == [
+        {"kind": "mask", "threshold": 0.3, "min_agreement": 0.99}
+    ]
+    for bad in ("cosine=2", "psnr=30", "", "mask@x=0.9"):
+        with pytest.raises(InvalidInputError):
+            parse_budget(bad)
+    a = np.array([[0.1, 0.9]], np.float32)
+    b = np.array([[0.2, 0.8]], np.float32)
+    assert within_budget({"y": a}, {"y": b}, {"kind": "argmax_seq", "min_agreement": 1.0}).passed
+    assert not within_budget({"y": a}, {"y": b}, [{"kind": "cosine", "min": 0.9999}]).passed
+    same_top = within_budget({"y": a}, {"y": b}, lambda g, w: bool(g.argmax() == w.argmax()))
+    assert same_top.passed

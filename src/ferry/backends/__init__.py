@@ -13,7 +13,7 @@ lowering and compiling belong to ``ferry.runtime``.
 from __future__ import annotations
 
 from ferry.backends._api import Backend, CompiledPartition, CompileSpec
-from ferry.backends._base import BackendBase
+from ferry.backends._base import COMMON_OPTIONS, BackendBase, check_options
 from ferry.backends._placement import (
     DEFAULT_MIN_PARTITION_SIZE,
     SHAPE_INPUTS,
@@ -50,6 +50,7 @@ from ferry.backends._rules import (
 
 __all__ = [
     "AUTO",
+    "COMMON_OPTIONS",
     "DEFAULT_BACKENDS",
     "DEFAULT_MIN_PARTITION_SIZE",
     "ENTRY_POINT_GROUP",
@@ -69,6 +70,7 @@ __all__ = [
     "RuleTable",
     "all_checks",
     "attr",
+    "check_options",
     "constant_array",
     "explain",
     "get_backend",

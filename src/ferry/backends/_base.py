@@ -11,12 +11,18 @@ from __future__ import annotations
 import contextlib
 import importlib
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import onnx_ir as ir
 
-__all__ = ["BackendBase", "model_source"]
+from ferry.errors import InvalidInputError
+
+__all__ = ["COMMON_OPTIONS", "BackendBase", "check_options", "model_source"]
+
+#: Options every backend takes: ``threads`` (intra-op threads) and ``precision`` (one of its
+#: ``precisions``).
+COMMON_OPTIONS = frozenset({"threads", "precision"})
 
 #: Models whose weights pass this go to engines as a file: protobuf cannot hold 2 GiB.
 INLINE_LIMIT = 1 << 30
@@ -62,6 +68,8 @@ class BackendBase:
         needs: what else the engine needs beyond the package (``"needs an NVIDIA GPU"``).
         ranked_inputs: the engine cannot take an input of unknown rank (placement then keeps
             such tensors from crossing into it).
+        option_keys: the options it takes besides ``threads`` and ``precision``; any other is
+            refused (:func:`check_options`).
     """
 
     name: str
@@ -71,6 +79,8 @@ class BackendBase:
     extra: str = ""
     needs: str = ""
     ranked_inputs: bool = False
+    #: Options it takes besides :data:`COMMON_OPTIONS`.
+    option_keys: frozenset[str] = frozenset()
 
     @property
     def install_hint(self) -> str:
@@ -94,3 +104,28 @@ class BackendBase:
     def validate(self, model: ir.Model, nodes: Sequence[str]) -> dict[str, str]:
         """No veto: the rule table is this engine's whole answer."""
         return {}
+
+
+def check_options(backend: object, options: Mapping[str, object]) -> None:
+    """Refuse options ``backend`` does not take, naming the ones it does, and a precision it
+    does not offer. A backend without ``option_keys`` (a third party's) takes any.
+
+    Raises:
+        InvalidInputError: an unknown option key, or a precision not in ``backend.precisions``.
+    """
+    name = getattr(backend, "name", "?")
+    keys = getattr(backend, "option_keys", None)
+    if keys is not None:
+        known = COMMON_OPTIONS | set(keys)
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise InvalidInputError(
+                f"{name}: unknown option {', '.join(map(repr, unknown))}; it takes "
+                f"{', '.join(sorted(known))}"
+            )
+    precision = options.get("precision")
+    offered = tuple(getattr(backend, "precisions", ()))
+    if precision is not None and offered and precision not in offered:
+        raise InvalidInputError(
+            f"{name}: precision {precision!r} is not offered; choose one of {', '.join(offered)}"
+        )

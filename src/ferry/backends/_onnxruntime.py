@@ -95,6 +95,7 @@ class OnnxRuntimeBackend(BackendBase):
     device = "cpu"
     precisions: tuple[str, ...] = ("fp32",)
     sdk = "onnxruntime"
+    option_keys = frozenset({"device", "providers"})
 
     def rules(self) -> Sequence[OpRule]:
         return rules()

@@ -283,6 +283,7 @@ class TensorRTBackend(BackendBase):
     sdk = "tensorrt"
     extra = "tensorrt"
     needs = "needs an NVIDIA GPU"
+    option_keys = frozenset({"workspace", "max_batch", "profile", "tf32", "optimization_level"})
     #: Its network inputs need a rank: no tensor of unknown rank may come to it from elsewhere.
     ranked_inputs = True
 

@@ -32,6 +32,7 @@ from ferry.runtime._session import (
     load,
     lower_plan,
     make_plan,
+    with_precision,
 )
 from ferry.runtime._specs import InputChecker, TensorSpec, format_shape, spec_of
 from ferry.runtime._verify import PartitionCheck, all_values, verify_plan
@@ -68,4 +69,5 @@ __all__ = [
     "resolve_cache",
     "spec_of",
     "verify_plan",
+    "with_precision",
 ]

@@ -31,6 +31,7 @@ from ferry.backends import (
     CompiledPartition,
     CompileSpec,
     PlacementReport,
+    check_options,
     explain,
     get_backend,
     parse_backends,
@@ -44,7 +45,15 @@ from ferry.runtime._specs import InputChecker, TensorSpec, spec_of
 if TYPE_CHECKING:
     from ferry.runtime._auto import AutoChoice
 
-__all__ = ["AUTO_BUDGET_S", "PlanChoice", "Session", "load", "lower_plan", "make_plan"]
+__all__ = [
+    "AUTO_BUDGET_S",
+    "PlanChoice",
+    "Session",
+    "load",
+    "lower_plan",
+    "make_plan",
+    "with_precision",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +67,7 @@ def load(
     *,
     backends: str | Sequence[str] | None = None,
     threads: int | None = None,
+    precision: str | None = None,
     plan: Plan | None = None,
     cache_dir: str | os.PathLike[str] | Literal[False] | None = None,
     options: Mapping[str, Mapping[str, Any]] | None = None,
@@ -73,6 +83,10 @@ def load(
             this order, and ONNX Runtime runs the rest. ``"auto"`` measures candidate plans on
             this machine and runs the fastest correct one (the choice is cached per model).
         threads: intra-op threads per engine; None lets each engine choose (all cores).
+        precision: run in this precision (``"fp32"``, ``"bf16"``, ``"fp16"``, ``"int8"``) on
+            every engine of the plan that offers it (ONNX Runtime runs the model's own types);
+            with ``"auto"``, only candidates in this precision are measured. None: each
+            engine's default (fp32).
         plan: run this plan (``ferry plan -o``) instead of partitioning.
         options: per-backend compile options, e.g. ``{"openvino": {"precision": "bf16"}}``,
             merged over the plan's own.
@@ -89,6 +103,8 @@ def load(
     for name in names:
         if name != AUTO:
             get_backend(name)  # fail early, naming the missing engine
+    for name, given in (options or {}).items():
+        check_options(get_backend(name), given)
     model = load_model(source)
     # Engines may read the file itself only when it is what we were given: an in-memory model
     # loaded from a file may have been changed since.
@@ -96,7 +112,9 @@ def load(
     # Work on a prepared copy (weights shared, not copied): the caller's model is never touched.
     work = prepare(model)
     if plan is None:
-        plan = make_plan(work, names, threads=threads).plan
+        plan = make_plan(work, names, threads=threads, precision=precision).plan
+    elif precision is not None:
+        plan = with_precision(plan, precision)
     if options:
         plan = plan.with_options(options)
     return Session(work, plan, threads=threads, source_path=source_path, cache_dir=cache_dir)
@@ -129,6 +147,7 @@ def make_plan(
     tolerance: tuple[float, float] | None = None,
     budget_s: float | None = None,
     explain_placement: bool = False,
+    precision: str | None = None,
 ) -> PlanChoice:
     """The plan for running ``model`` (prepared: ``ferry.graph.prepare``) on ``backends``.
 
@@ -137,6 +156,7 @@ def make_plan(
     any other list is placed in priority order with
     ONNX Runtime taking what no engine supports (``force_cpu`` and ``min_partition_size`` are
     placement's; ``explain_placement`` asks for placement's report even for ONNX Runtime alone).
+    ``precision`` goes to every engine of the plan that offers it (:func:`with_precision`);
     ``options`` (per backend) are merged over the plan's own.
     """
     names = parse_backends(backends)
@@ -153,9 +173,28 @@ def make_plan(
     else:
         report = explain(model, names, force_cpu=force_cpu, min_partition_size=min_partition_size)
         made = PlanChoice(report.plan, report=report)
+    if precision is not None and names != [AUTO]:
+        made = dataclasses.replace(made, plan=with_precision(made.plan, precision))
     if options:
         made = dataclasses.replace(made, plan=made.plan.with_options(options))
     return made
+
+
+def with_precision(plan: Plan, precision: str) -> Plan:
+    """``plan`` with ``precision`` set on every engine of it that offers that precision.
+
+    Raises:
+        InvalidInputError: no engine of the plan offers it (each one's offer is named).
+    """
+    offers = {name: tuple(get_backend(name).precisions) for name in plan.backends}
+    taking = [name for name, offered in offers.items() if precision in offered]
+    if not taking:
+        listed = "; ".join(f"{name} offers {', '.join(p)}" for name, p in offers.items())
+        raise InvalidInputError(
+            f"precision {precision!r}: no engine of the plan runs it ({listed}); choose one "
+            "they offer, or engines that offer it (backends=...)"
+        )
+    return plan.with_options({name: {"precision": precision} for name in taking})
 
 
 def lower_plan(model: ir.Model, plan: Plan) -> list[ir.Model]:
@@ -260,6 +299,7 @@ class Session:
         options: dict[str, Any],
     ) -> CompiledPartition:
         backend = get_backend(partition.backend)
+        check_options(backend, partition.options)
         spec = CompileSpec(
             partition=partition,
             model=model,
