@@ -28,6 +28,7 @@ from ferry.bench import (
     run_bench,
 )
 from ferry.errors import BackendUnavailableError, FerryError, InvalidInputError
+from ferry.parity import DEFAULT_BUDGET
 from ferry.plan import Partition, Plan
 
 
@@ -91,6 +92,15 @@ def test_results_schema_and_sanity(local_results: tuple[Path, dict[str, Any]]) -
         assert 0 < c["rss_before_load_mb"] <= c["peak_rss_mb"] < 2048
         assert c["plan"] == {"partitions": 1, "backends": ["onnxruntime"], "chosen": None}
         assert c["partitions"] is None
+        # The baseline is the reference: judged against itself, within budget, and the fastest.
+        assert c["accuracy"]["passed"] and c["accuracy"]["worst"] == 1.0
+        assert {j["kind"] for j in c["accuracy"]["judgements"]} == {"cosine", "argmax_seq"}
+        assert c["fastest_within_budget"]
+    assert results["settings"]["accuracy"] == {
+        "budget": [dict(b) for b in DEFAULT_BUDGET],
+        "batch": 1,
+        "reference": "onnxruntime fp32",
+    }
     # Batch 4 moves 4x the data through the same model: more samples per second than batch 1
     # would be a timing claim; that it has its own inputs is not.
     assert timed[0]["peak_rss_mb"] <= timed[1]["peak_rss_mb"]
@@ -105,7 +115,8 @@ def test_unavailable_engine_is_a_failed_row_not_fatal(
     for row in rows:
         assert "not available" in row["error"] and "ferry[tensorrt]" in row["error"]
         assert row["latency_ms"] is None and row["ratio_to_ort_fp32"] is None
-        assert not row["fastest"]
+        assert not row["fastest"] and not row["fastest_within_budget"]
+        assert row["accuracy"] is None
     assert bench.errors(local_results[1]) == [f"tensorrt fp32: {rows[0]['error']}"]
 
 
@@ -126,6 +137,11 @@ def test_reports_table_and_csv(local_results: tuple[Path, dict[str, Any]]) -> No
     assert float(first["p99_ms"]) == config["latency_ms"]["p99"]
     assert float(first["throughput"]) == config["throughput"]
     assert first["inputs"] == "x=1x16" and first["baseline"] == "True"
+    assert first["fastest_within_budget"] == "True" and first["accuracy_passed"] == "True"
+    assert float(first["accuracy_worst"]) == 1.0
+    # Columns added within schema 1 come last: those read by position stay where they were.
+    assert list(rows[0])[-3:] == ["fastest_within_budget", "accuracy_passed", "accuracy_worst"]
+    assert "1.00000 ok" in text and "accuracy" in text
 
 
 def test_no_isolate_and_given_inputs(mlp_path: Path) -> None:
@@ -336,3 +352,153 @@ def test_plot(tmp_path: Path, local_results: tuple[Path, dict[str, Any]], monkey
     with pytest.raises(BackendUnavailableError, match=r"pip install 'ferry\[plot\]'"):
         plot_latency(local_results[1], tmp_path / "no.png")
     assert not (tmp_path / "no.png").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Accuracy against ONNX Runtime fp32, and the fastest configuration within the budget
+
+
+@pytest.fixture
+def heavy_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A model ONNX Runtime takes ~50 us on, and the made-up engines ``close`` and ``wrong`` that
+    answer it from a cache in ~2 us (bench_fakes)."""
+    import bench_fakes
+
+    bench_fakes.register(monkeypatch)
+    path = tmp_path / "heavy.onnx"
+    onnx.save(bench_fakes.heavy_model(), path)
+    return path
+
+
+def _by_label(results: dict[str, Any], batch: int) -> dict[str, dict[str, Any]]:
+    return {c["label"]: c for c in results["configurations"] if c["batch"] == batch}
+
+
+def test_fastest_within_budget_is_marked_never_one_outside(heavy_path: Path) -> None:
+    spec = BenchSpec(
+        backends=("close", "wrong"), batches=(1, 4), iterations=30, warmup=2, isolate=False
+    )
+    results = run_bench(heavy_path, spec)
+    bench.check_results(results)
+    json.dumps(results, allow_nan=False)
+    for batch in (1, 4):
+        rows = _by_label(results, batch)
+        base, near, wrong = rows["onnxruntime fp32"], rows["close fp32"], rows["wrong fp32"]
+        assert base["accuracy"]["passed"] and base["accuracy"]["worst"] == 1.0
+        # close: the argmax kept, cosine just under 1: within the default budget.
+        assert near["accuracy"]["passed"] and 0.999 < near["accuracy"]["worst"] < 1.0
+        # wrong: the negation, cosine -1, every argmax moved.
+        assert not wrong["accuracy"]["passed"] and wrong["accuracy"]["worst"] == pytest.approx(-1)
+        failed = {j["kind"] for j in wrong["accuracy"]["judgements"] if not j["passed"]}
+        assert failed == {"cosine", "argmax_seq"}
+        # Both made-up engines answer from a cache, far faster than ONNX Runtime computes.
+        assert (
+            max(near["latency_ms"]["p50"], wrong["latency_ms"]["p50"]) < base["latency_ms"]["p50"]
+        )
+        assert near["fastest_within_budget"]
+        assert not wrong["fastest_within_budget"] and not base["fastest_within_budget"]
+        assert near["fastest"] or wrong["fastest"]
+        assert sum(r["fastest_within_budget"] for r in rows.values()) == 1
+    assert bench.outside_budget(results) == [
+        "wrong fp32: y: cosine similarity -1.000000 (needs 0.999); "
+        "y: argmax positions agree on 0.00% (needs 99.00%)"
+    ]
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(bench.table(results))
+    lines = console.export_text().splitlines()
+    assert any(line.startswith("* close fp32") and "ok" in line for line in lines)
+    assert not any(line.startswith("* wrong") or line.startswith("* onnx") for line in lines)
+    assert any(
+        line.startswith(("! wrong fp32", "  wrong fp32")) and "out" in line for line in lines
+    )
+
+
+def test_strict_budget_leaves_the_baseline_the_fastest_within_it(heavy_path: Path) -> None:
+    from ferry.parity import parse_budget
+
+    spec = BenchSpec(
+        backends=("close",),
+        iterations=20,
+        warmup=2,
+        isolate=False,
+        accuracy=tuple(parse_budget("cosine=1.0")),
+    )
+    results = run_bench(heavy_path, spec)
+    assert results["settings"]["accuracy"]["budget"] == [{"kind": "cosine", "min": 1.0}]
+    rows = _by_label(results, 1)
+    near, base = rows["close fp32"], rows["onnxruntime fp32"]
+    assert [j["kind"] for j in near["accuracy"]["judgements"]] == ["cosine"]
+    assert not near["accuracy"]["passed"] and near["fastest"]
+    assert not near["fastest_within_budget"]
+    assert base["fastest_within_budget"] and not base["fastest"]
+    assert bench.accuracy_cell(near).endswith(" out")
+    assert "cosine >= 1 against onnxruntime fp32 on the batch-1 inputs" in (
+        bench.budget_summary(results)
+    )
+
+
+def test_a_configuration_that_fails_to_run_is_not_judged(
+    heavy_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bench_fakes
+
+    def broken(y: np.ndarray) -> np.ndarray:
+        raise RuntimeError("the made-up engine fell over")
+
+    from ferry.backends import _registry
+
+    monkeypatch.setitem(_registry._instances, "close", bench_fakes.FakeEngine("close", broken))
+    results = run_bench(heavy_path, BenchSpec(backends=("close",), iterations=5, isolate=False))
+    row = _by_label(results, 1)["close fp32"]
+    assert "fell over" in row["error"] and row["accuracy"] is None
+    assert row["latency_ms"] is None and not row["fastest_within_budget"]
+    assert _by_label(results, 1)["onnxruntime fp32"]["fastest_within_budget"]
+
+
+def test_accuracy_spec_validation_and_round_trip() -> None:
+    spec = BenchSpec(accuracy=({"kind": "cosine", "min": 0.9995},))
+    data = json.loads(json.dumps(spec.to_dict()))
+    assert data["accuracy"] == [{"kind": "cosine", "min": 0.9995}]
+    assert BenchSpec.from_dict(data) == spec
+    # The default budget travels as no key: an agent of an older ferry still takes the spec.
+    assert "accuracy" not in BenchSpec().to_dict()
+    for bad, message in (
+        ({"accuracy": "cosine=0.9"}, "accuracy must be a list of judge specs"),
+        ({"accuracy": [{"kind": "nope"}]}, "unknown judge kind 'nope'"),
+        ({"accuracy": [{"kind": "cosine", "least": 1}]}, "has no setting 'least'"),
+        ({"accuracy": []}, "accuracy: give judge specs"),
+    ):
+        with pytest.raises(InvalidInputError, match=message):
+            BenchSpec.from_dict(bad)
+    with pytest.raises(InvalidInputError, match="cannot travel as JSON"):
+        BenchSpec(accuracy=({"kind": "custom", "function": lambda g, w: True},))
+
+
+def test_results_written_before_accuracy_still_read(
+    local_results: tuple[Path, dict[str, Any]],
+) -> None:
+    old = json.loads(json.dumps(local_results[1]))
+    del old["settings"]["accuracy"]
+    for config in old["configurations"]:
+        del config["accuracy"], config["fastest_within_budget"]
+    assert bench.check_results(old) is old
+    assert all(c["accuracy"] is None for c in old["configurations"])
+    assert not any(c["fastest_within_budget"] for c in old["configurations"])
+    assert bench.budget_summary(old) == "" and bench.outside_budget(old) == []
+    assert bench.accuracy_cell(old["configurations"][0]) == "-"
+    broken = json.loads(json.dumps(local_results[1]))
+    del broken["configurations"][0]["latency_ms"]
+    with pytest.raises(FerryError, match="lacks latency_ms"):
+        bench.check_results(broken)
+
+
+def test_accuracy_cell_never_rounds_up_to_a_threshold() -> None:
+    def row(worst: float, passed: bool) -> dict[str, Any]:
+        return {"accuracy": {"worst": worst, "passed": passed, "judgements": []}}
+
+    assert bench.accuracy_cell(row(0.9989996, False)) == "0.99899 out"
+    assert bench.accuracy_cell(row(1.0, True)) == "1.00000 ok"
+    assert bench.accuracy_cell(row(0.99999999, True)) == "0.99999 ok"
+    assert bench.accuracy_cell({"accuracy": None}) == "-"

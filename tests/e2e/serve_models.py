@@ -231,6 +231,27 @@ def build_main_repository(repo: Path) -> dict[str, onnx.ModelProto]:
     return models
 
 
+def build_precision_repository(repo: Path) -> dict[str, onnx.ModelProto]:
+    """Models that ask for a precision in their config.json (OpenVINO runs the good one):
+
+    - ``rowwise_bf16``: ``{"backends": ["openvino"], "precision": "bf16"}``;
+    - ``rowwise_default``: no config (the server's engines and precision);
+    - ``bad_precision``: ``{"precision": "bf61"}``, not a precision;
+    - ``ort_int8``: ``{"precision": "int8"}`` on ONNX Runtime, which runs fp32 only.
+
+    Returns the models that load, by name, for reference runs.
+    """
+    models = {"rowwise_bf16": rowwise(), "rowwise_default": rowwise()}
+    for name, model in models.items():
+        add_version(repo, name, 1, model)
+    write_config(repo, "rowwise_bf16", {"backends": ["openvino"], "precision": "bf16"})
+    add_version(repo, "bad_precision", 1, add_const(1))
+    write_config(repo, "bad_precision", {"precision": "bf61"})
+    add_version(repo, "ort_int8", 1, add_const(1))
+    write_config(repo, "ort_int8", {"precision": "int8"})
+    return models
+
+
 # ---------------------------------------------------------------------------------------------
 # Reference: ONNX Runtime run directly
 

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -40,6 +41,12 @@ def test_bench_json(mlp_path: Path) -> None:
     lat = row["latency_ms"]
     assert 0 < lat["min"] <= lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"]
     assert row["throughput"] > 0 and row["plan"]["backends"] == ["onnxruntime"]
+    assert row["accuracy"]["passed"] and row["accuracy"]["worst"] == 1.0
+    assert row["fastest"] and row["fastest_within_budget"]
+    assert data["settings"]["accuracy"]["budget"] == [
+        {"kind": "cosine", "min": 0.999},
+        {"kind": "argmax_seq", "min_agreement": 0.99},
+    ]
 
 
 def test_bench_table_duration_threads(mlp_path: Path) -> None:
@@ -117,6 +124,9 @@ def test_bench_save_report(tmp_path: Path, mlp_path: Path) -> None:
         (["--precision", "fp16"], "precision 'fp16' is not offered"),
         (["--precision", "fp32,,bf16"], "--precision takes names joined by commas"),
         (["--backends", "nosuch"], "unknown backend 'nosuch'"),
+        (["--accuracy", "nope=0.9"], "unknown measure 'nope'"),
+        (["--accuracy", "cosine=2"], "the value must be a number in [0, 1]"),
+        (["--accuracy", ""], "--accuracy is empty"),
         (["--backends", ""], "--backends takes names"),
         (["--input", "x={tmp}/missing.npy"], "input file for 'x' not found"),
         (["--save-report"], "--save-report needs an artifact folder"),
@@ -153,11 +163,17 @@ def agent_url() -> Iterator[str]:
 def test_bench_on_a_device(agent_url: str, mlp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FERRY_AGENT_TOKEN", TOKEN)
     code, out, err = ferry(
-        "bench", mlp_path, "--device", agent_url, "-n", "5", "--no-isolate", "--json", "-"
-    )
+        "bench", mlp_path, "--device", agent_url, "-n", "5", "--no-isolate", "--json", "-",
+        "--accuracy", "cosine=0.99",
+    )  # fmt: skip
     assert code == 0, err
     data = json.loads(out)
     assert data["configurations"][0]["error"] is None and data["model"]["path"] == str(mlp_path)
+    # The budget travelled with the spec and was judged there.
+    assert data["settings"]["accuracy"]["budget"] == [{"kind": "cosine", "min": 0.99}]
+    (row,) = data["configurations"]
+    assert [j["kind"] for j in row["accuracy"]["judgements"]] == ["cosine"]
+    assert row["fastest_within_budget"]
     code, out, err = ferry("bench", mlp_path, "--device", agent_url, "--token", "wrong")
     assert code == 2 and "refused the token (401)" in err and err.count("\n") == 1
     code, out, err = ferry("bench", mlp_path, "--device", agent_url, "--precision", "int3")
@@ -198,3 +214,78 @@ def test_agent_command(tmp_path: Path, mlp_path: Path) -> None:
         proc.terminate()
         proc.wait(timeout=20)
     assert proc.returncode in (0, -15)
+
+
+@pytest.fixture
+def heavy_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """tests/bench's made-up engines (``close``: within the default budget, just outside
+    ``cosine=1``; ``wrong``: outside any), both far faster than ONNX Runtime on this model."""
+    monkeypatch.syspath_prepend(Path(__file__).resolve().parents[1] / "bench")
+    import bench_fakes
+
+    bench_fakes.register(monkeypatch)
+    path = tmp_path / "heavy.onnx"
+    onnx.save(bench_fakes.heavy_model(), path)
+    return path
+
+
+def _rows(out: str) -> dict[str, dict[str, Any]]:
+    return {c["label"]: c for c in json.loads(out)["configurations"]}
+
+
+def test_bench_marks_the_fastest_within_the_budget(heavy_path: Path) -> None:
+    args = ["bench", heavy_path, "--backends", "close,wrong", "-n", "20", "--no-isolate"]
+    code, out, err = ferry(*args, "--json", "-")
+    assert code == 0, err
+    rows = _rows(out)
+    assert rows["close fp32"]["fastest_within_budget"] and rows["close fp32"]["accuracy"]["passed"]
+    assert not rows["wrong fp32"]["fastest_within_budget"]
+    assert not rows["wrong fp32"]["accuracy"]["passed"]
+    code, out, err = ferry(*args)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert any(line.startswith("* close fp32") and line.endswith(" ok") for line in lines), out
+    assert any("wrong fp32" in line and line.endswith(" out") for line in lines), out
+    assert "outside the accuracy budget wrong fp32: y: cosine similarity -1.000000" in out
+    assert "* = fastest p50 within the accuracy budget" in out
+    assert "cosine >= 0.999, argmax_seq >= 0.99 against onnxruntime fp32" in out
+
+
+def test_bench_strict_accuracy_is_never_marked_outside_it(heavy_path: Path) -> None:
+    args = ["bench", heavy_path, "--backends", "close", "-n", "20", "--no-isolate"]
+    code, out, err = ferry(*args, "--accuracy", "cosine=1.0", "--json", "-")
+    assert code == 0, err
+    rows = _rows(out)
+    near, base = rows["close fp32"], rows["onnxruntime fp32"]
+    assert near["fastest"] and not near["accuracy"]["passed"]
+    assert not near["fastest_within_budget"]
+    assert base["fastest_within_budget"] and not base["fastest"]
+    code, out, err = ferry(*args, "--accuracy", "cosine=1.0")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert any(line.startswith("! close fp32") and line.endswith(" out") for line in lines), out
+    assert any(line.startswith("* onnxruntime fp32") for line in lines), out
+
+
+@pytest.mark.openvino
+def test_bench_openvino_precisions_accuracy(mlp_path: Path) -> None:
+    pytest.importorskip("openvino")
+    code, out, err = ferry(
+        "bench", mlp_path, "--backends", "openvino", "--precision", "fp32,bf16",
+        "--batch", "1,4", "-n", "20", "--no-isolate", "--json", "-",
+    )  # fmt: skip
+    assert code == 0, err
+    data = json.loads(out)
+    for batch in (1, 4):
+        rows = [c for c in data["configurations"] if c["batch"] == batch]
+        assert {r["label"] for r in rows} == {"onnxruntime fp32", "openvino fp32", "openvino bf16"}
+        for row in rows:
+            assert row["error"] is None, row["error"]
+            accuracy = row["accuracy"]
+            assert accuracy["passed"] == all(j["passed"] for j in accuracy["judgements"])
+            assert accuracy["worst"] == min(j["score"] for j in accuracy["judgements"])
+        # An MLP in fp32 on another engine: the same answers to float rounding.
+        assert next(r for r in rows if r["label"] == "openvino fp32")["accuracy"]["passed"]
+        within = [r for r in rows if r["accuracy"]["passed"]]
+        (marked,) = [r for r in rows if r["fastest_within_budget"]]
+        assert marked is min(within, key=lambda r: r["latency_ms"]["p50"])

@@ -95,6 +95,10 @@ def test_run_saves_outputs_with_unsafe_names(tmp_path: Path) -> None:
         (["info", "{tmp}/empty.onnx"], "empty"),
         (["run", "{tmp}/custom.onnx", "--random"], "acme::FancyAct x2"),
         (["run", "{mlp}", "--random", "--backends", "nope"], "unknown backend 'nope'"),
+        (
+            ["run", "{mlp}", "--random", "--precision", "bf16"],
+            "precision 'bf16': no engine of the plan runs it (onnxruntime offers fp32)",
+        ),
         (["convert", "{mlp}", "-o", "{mlp}"], "refusing to overwrite"),
         (["convert", "{mlp}", "-o", "{tmp}/o.onnx", "--opset", "3"], "out of range"),
         (
@@ -140,6 +144,52 @@ def test_user_errors_exit_2_with_one_line(
     assert err.startswith("error: ") and message in err
     assert "Traceback" not in err and err.count("\n") == 1
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_run_help_says_what_precision_does() -> None:
+    code, out, _ = ferry("run", "--help")
+    assert code == 0 and "--precision" in out
+    text = " ".join(out.split())
+    assert "ONNX Runtime runs fp32 only" in text and "--backends openvino --precision bf16" in text
+
+
+def _has_openvino() -> bool:
+    from ferry.backends import get_backend
+    from ferry.errors import BackendUnavailableError
+
+    try:
+        get_backend("openvino")
+    except BackendUnavailableError:
+        return False
+    return True
+
+
+@pytest.mark.openvino
+@pytest.mark.skipif(not _has_openvino(), reason="OpenVINO is not installed")
+def test_run_openvino_at_a_precision(tmp_path: Path, mlp_path: Path) -> None:
+    x = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    import ferry as ferry_lib
+
+    want = ferry_lib.load(mlp_path).run({"x": x})["y"]
+    for precision in ("bf16", "fp32"):
+        out_dir = tmp_path / precision
+        code, out, err = ferry(
+            "run", mlp_path, "--input", f"x={tmp_path / 'x.npy'}", "--backends", "openvino",
+            "--precision", precision, "-o", out_dir,
+        )  # fmt: skip
+        assert code == 0, err
+        assert "[3, 4]" in out
+        got = np.load(out_dir / "y.npy")
+        # bf16 keeps 8 bits of mantissa: a softmax's probabilities within a few hundredths.
+        np.testing.assert_allclose(got, want, atol=3e-2 if precision == "bf16" else 1e-5)
+    # The engine offers fp32, bf16 and fp16, not int8: one line that says so.
+    code, out, err = ferry(
+        "run", mlp_path, "--random", "--backends", "openvino", "--precision", "int8"
+    )
+    assert code == 2, (out, err)
+    assert err.startswith("error: precision 'int8'") and err.count("\n") == 1, err
+    assert "openvino offers fp32, bf16, fp16" in err and "Traceback" not in err
 
 
 def test_convert_changes_opset_and_keeps_outputs(tmp_path: Path, mlp_path: Path) -> None:

@@ -235,6 +235,9 @@ def test_model_config_triton_style(client: Any) -> None:
     # No config.json, every I/O batchable: max_batch_size 8 with dynamic batching on.
     config = client.get_model_config("two_outputs")
     assert config["max_batch_size"] == 8 and "dynamic_batching" in config
+    # No precision asked for: ONNX Runtime's own, fp32.
+    assert config["parameters"]["ferry_backends"] == {"string_value": "onnxruntime"}
+    assert config["parameters"]["ferry_precision"] == {"string_value": "fp32"}
     assert _dims(config["input"]) == {"x": ("TYPE_FP32", [4])}
     # Not batchable: max_batch_size 0 and the full shape.
     config = client.get_model_config("reshaper")
@@ -826,6 +829,70 @@ def test_explicit_mode_bad_loads(explicit: tuple[Any, Path]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# precision: per model (config.json) and per server (--precision)
+
+
+def _has_openvino() -> bool:
+    from ferry.backends import get_backend
+    from ferry.errors import BackendUnavailableError
+
+    try:
+        get_backend("openvino")
+    except BackendUnavailableError:
+        return False
+    return True
+
+
+needs_openvino = pytest.mark.skipif(not _has_openvino(), reason="OpenVINO is not installed")
+
+
+@pytest.fixture(scope="module")
+def precision_server(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Any, dict[str, Any]]]:
+    repo = tmp_path_factory.mktemp("precision") / "repo"
+    models = sm.build_precision_repository(repo)
+    with ServerThread(create_app(repo), host="127.0.0.1", port=0) as running:
+        yield running, models
+
+
+@pytest.mark.openvino
+@needs_openvino
+def test_precision_per_model_config(precision_server: tuple[Any, dict[str, Any]]) -> None:
+    server, models = precision_server
+    c = client_for(server)
+    try:
+        # Models with a bad precision are unavailable, with the reason; the server serves on.
+        assert c.is_server_live() and c.is_server_ready()
+        (bad,) = index_entries(c, "bad_precision")
+        assert bad["state"] == "UNAVAILABLE"
+        assert "'precision' must be one of fp32, bf16, fp16, int8" in bad["reason"]
+        assert "got 'bf61'" in bad["reason"]
+        (int8,) = index_entries(c, "ort_int8")
+        assert int8["state"] == "UNAVAILABLE" and "precision 'int8'" in int8["reason"]
+        assert "onnxruntime offers fp32" in int8["reason"]
+        assert not c.is_model_ready("bad_precision") and not c.is_model_ready("ort_int8")
+        with raises_status(503):
+            infer(c, "ort_int8", {"x": np.zeros((1, 3), np.float32)})
+        # The one that asks for bf16 on OpenVINO: /config says so, and it answers.
+        config = c.get_model_config("rowwise_bf16")
+        assert config["platform"] == "ferry" and config["backend"] == "openvino"
+        assert config["parameters"]["ferry_precision"] == {"string_value": "bf16"}
+        assert config["parameters"]["ferry_backends"] == {"string_value": "openvino"}
+        default = c.get_model_config("rowwise_default")["parameters"]
+        assert default["ferry_precision"] == {"string_value": "fp32"}
+        x = np.random.default_rng(3).standard_normal((2, 5, 4)).astype(np.float32)
+        want = Reference(models["rowwise_bf16"])({"x": x})["y"]
+        got = infer(c, "rowwise_bf16", {"x": x}).as_numpy("y")
+        # bf16 keeps 8 bits of mantissa: tanh's outputs in [-1, 1] within a few hundredths.
+        np.testing.assert_allclose(got, want, atol=5e-2)
+        exact = infer(c, "rowwise_default", {"x": x}).as_numpy("y")
+        np.testing.assert_allclose(exact, want, rtol=1e-5, atol=1e-6)
+    finally:
+        c.close()
+
+
+# ---------------------------------------------------------------------------------------------
 # hot reload under load (poll mode)
 
 
@@ -1035,6 +1102,56 @@ def test_cli_serve_starts_serves_and_stops(tmp_path: Path, stop: signal.Signals)
     output = "".join(lines)
     assert code in (0, 130), (code, output)
     assert "Traceback" not in output, output
+
+
+def test_cli_serve_bad_precision_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "two_outputs.onnx"
+    path.write_bytes(sm.two_outputs().SerializeToString())
+    process = _ferry("serve", str(path), "--port", str(_free_port()), "--precision", "half")
+    try:
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert process.returncode == 2, output
+    assert len(lines) == 1 and lines[0].startswith("error: precision must be one of"), output
+    assert "fp32, bf16, fp16, int8" in lines[0] and "got 'half'" in lines[0]
+
+
+@pytest.mark.openvino
+@needs_openvino
+def test_cli_serve_precision_shows_in_the_table(tmp_path: Path) -> None:
+    path = tmp_path / "two_outputs.onnx"
+    path.write_bytes(sm.two_outputs().SerializeToString())
+    port = _free_port()
+    process = _ferry(
+        "serve", str(path), "--port", str(port), "--backends", "openvino", "--precision", "bf16"
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, "")))  # type: ignore[union-attr]
+    reader.start()
+    try:
+        wait_until(
+            lambda: any("two_outputs" in line for line in lines) or process.poll() is not None,
+            60,
+            "the models table",
+        )
+        assert process.poll() is None, "".join(lines)
+        (row,) = [line for line in lines if line.lstrip().startswith("two_outputs")]
+        assert row.split()[:5] == ["two_outputs", "1", "READY", "openvino", "bf16"], row
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as h:
+            parameters = h.get("/v2/models/two_outputs/config").json()["parameters"]
+            assert parameters["ferry_precision"] == {"string_value": "bf16"}
+        process.send_signal(signal.SIGINT)
+        code = process.wait(timeout=20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        reader.join(timeout=5)
+    assert code in (0, 130), "".join(lines)
 
 
 @pytest.mark.parametrize("kind", ["missing", "corrupt"])

@@ -79,6 +79,7 @@ def test_parse_full_config() -> None:
             },
             "instance_group": [{"count": 2}, {"count": 1, "kind": "KIND_CPU"}],
             "backends": ["onnxruntime"],
+            "precision": "bf16",
             "version_policy": {"specific": {"versions": [3, 1]}},
         },
         "m",
@@ -86,7 +87,8 @@ def test_parse_full_config() -> None:
     assert config.max_batch_size == 8 and config.dynamic_batching
     assert config.max_queue_delay_us == 500 and config.preferred_batch_sizes == (4, 8)
     assert config.instance_count == 3
-    assert config.backends == ("onnxruntime",)
+    assert config.backends == ("onnxruntime",) and config.precision == "bf16"
+    assert parse_config({}, "m").precision is None
     assert config.version_policy == VersionPolicy("specific", versions=(1, 3))
 
 
@@ -108,6 +110,9 @@ BAD_CONFIGS = [
     ({"version_policy": {"latest": {"num_versions": 0}}}, "num_versions must be an integer >= 1"),
     ({"version_policy": {"specific": {"versions": []}}}, "non-empty list"),
     ({"name": "other"}, "model folder is 'm'"),
+    ({"precision": "bf61"}, r"'precision' must be one of fp32, bf16, fp16, int8.*got 'bf61'"),
+    ({"precision": 16}, r"'precision' must be one of fp32, bf16, fp16, int8.*got 16"),
+    ({"precision": ["bf16"]}, "'precision' must be one of"),
     ([1], "must be a JSON object"),
 ]
 
@@ -400,3 +405,75 @@ def test_string_inputs_take_binary_bytes(repo: Path) -> None:
 
     out = run(ModelRepository(repo, warmup=False), body)
     assert out.tolist() == [["a", "caf\u00e9", ""]]
+
+
+# -- precision -------------------------------------------------------------------------------------
+
+
+def _has_openvino() -> bool:
+    from ferry.backends import get_backend
+    from ferry.errors import BackendUnavailableError
+
+    try:
+        get_backend("openvino")
+    except BackendUnavailableError:
+        return False
+    return True
+
+
+def test_precision_no_engine_offers_fails_only_its_model(repo: Path) -> None:
+    write_model(repo, "good", 1, add_const(1))
+    write_model(repo, "int8", 1, add_const(1))
+    write_config(repo, "int8", {"precision": "int8"})  # ONNX Runtime runs fp32 only
+    write_model(repo, "typo", 1, add_const(1))
+    write_config(repo, "typo", {"precision": "bf61"})
+
+    async def body(r: ModelRepository) -> list[dict[str, str]]:
+        served = r.get("good")
+        assert served.loaded.precision is None
+        assert served.loaded.precisions == {"onnxruntime": "fp32"}
+        assert (await infer(r, "good", X))[0, 0] == 1
+        return await r.index(engines=True)
+
+    rows = {row["name"]: row for row in run(ModelRepository(repo, warmup=False), body)}
+    assert rows["good"]["state"] == "READY" and rows["good"]["engines"] == "onnxruntime fp32"
+    assert rows["int8"]["state"] == "UNAVAILABLE" and rows["int8"]["engines"] == ""
+    assert "load failed: precision 'int8'" in rows["int8"]["reason"]
+    assert "onnxruntime offers fp32" in rows["int8"]["reason"]
+    assert rows["typo"]["state"] == "UNAVAILABLE"
+    assert "must be one of fp32, bf16, fp16, int8" in rows["typo"]["reason"]
+
+
+def test_server_precision_is_checked_and_applies_where_config_names_none(repo: Path) -> None:
+    write_model(repo, "m", 1, add_const(1))
+    with pytest.raises(InvalidInputError, match="must be one of fp32, bf16, fp16, int8"):
+        ModelRepository(repo, precision="half")
+    # The server's precision, on ONNX Runtime alone: that model cannot load, and says why.
+    rows = run(ModelRepository(repo, warmup=False, precision="bf16"), lambda r: r.index())
+    assert rows[0]["state"] == "UNAVAILABLE" and "precision 'bf16'" in rows[0]["reason"]
+    # Its config names fp32: the config wins.
+    write_config(repo, "m", {"precision": "fp32"})
+    rows = run(ModelRepository(repo, warmup=False, precision="bf16"), lambda r: r.index())
+    assert rows[0]["state"] == "READY", rows
+
+
+@pytest.mark.openvino
+@pytest.mark.skipif(not _has_openvino(), reason="OpenVINO is not installed")
+def test_precision_from_config_and_server_on_openvino(repo: Path) -> None:
+    write_model(repo, "low", 1, add_const(1))
+    write_config(repo, "low", {"backends": ["openvino"], "precision": "bf16"})
+    write_model(repo, "plain", 1, add_const(2))  # the server's: openvino at fp16
+
+    async def body(r: ModelRepository) -> list[dict[str, str]]:
+        low, plain = r.get("low"), r.get("plain")
+        assert low.loaded.precision == "bf16" and low.loaded.precisions == {"openvino": "bf16"}
+        assert low.loaded.sessions[0].plan.partitions[0].options["precision"] == "bf16"
+        assert plain.loaded.precision == "fp16"
+        assert plain.loaded.precisions == {"openvino": "fp16"}
+        assert (await infer(r, "low", X))[0, 0] == 1  # 0 + 1, exact in bf16
+        return await r.index(engines=True)
+
+    repository = ModelRepository(repo, warmup=True, backends="openvino", precision="fp16")
+    rows = {row["name"]: row for row in run(repository, body)}
+    assert rows["low"]["engines"] == "openvino bf16"
+    assert rows["plain"]["engines"] == "openvino fp16"

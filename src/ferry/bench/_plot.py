@@ -2,7 +2,8 @@
 
 One panel per batch size, one horizontal box per configuration, drawn from the percentiles the
 results keep (box: p25-p75, line: p50, whiskers: p1-p99, triangle: mean), so a remote run's results
-plot as well as a local one's. matplotlib (the ``plot`` extra) is imported only here, and draws
+plot as well as a local one's. The fastest configuration within the accuracy budget is starred and
+coloured, as in the table; one outside the budget is marked ``(out of budget)``. matplotlib (the ``plot`` extra) is imported only here, and draws
 with its Agg canvas without touching pyplot's global backend.
 """
 
@@ -49,7 +50,9 @@ def plot_latency(results: dict[str, Any], path: str | os.PathLike[str]) -> Path:
             q = r["latency_percentiles_ms"]
             stats.append(
                 {
-                    "label": ("* " if r["fastest"] else "") + r["label"],
+                    "label": ("* " if _best(r) else "")
+                    + r["label"]
+                    + (" (out of budget)" if _outside(r) else ""),
                     "med": q[50],
                     "q1": q[25],
                     "q3": q[75],
@@ -68,7 +71,7 @@ def plot_latency(results: dict[str, Any], path: str | os.PathLike[str]) -> Path:
             medianprops={"color": "black"},
         )
         for patch, r in zip(boxes["boxes"], group):
-            patch.set_facecolor("#f4a261" if r["fastest"] else "#a8c5e6")
+            patch.set_facecolor("#f4a261" if _best(r) else "#a8c5e6")
         ax.invert_yaxis()  # first configuration (the baseline) on top
         ax.set_title(f"batch {batch}", fontsize=10, loc="left")
         ax.set_xlabel(
@@ -88,3 +91,16 @@ def plot_latency(results: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     with atomic_path(path, suffix=".png") as tmp:
         fig.savefig(tmp, format="png", dpi=110)
     return Path(path)
+
+
+def _best(row: dict[str, Any]) -> bool:
+    """The configuration to star: the fastest within the budget (the fastest, in results that
+    were not judged)."""
+    if "fastest_within_budget" in row:
+        return bool(row["fastest_within_budget"])
+    return bool(row["fastest"])
+
+
+def _outside(row: dict[str, Any]) -> bool:
+    accuracy = row.get("accuracy")
+    return accuracy is not None and not accuracy["passed"]

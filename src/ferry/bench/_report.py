@@ -10,6 +10,7 @@ import contextlib
 import csv
 import io
 import json
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,10 +20,13 @@ from ferry.errors import FerryError
 
 __all__ = [
     "REPORT_FILE",
+    "accuracy_cell",
+    "budget_summary",
     "check_results",
     "device_summary",
     "errors",
     "notes",
+    "outside_budget",
     "partition_lines",
     "save_to_artifact",
     "table",
@@ -44,6 +48,8 @@ _CONFIG_KEYS = (
     "baseline",
     "requested",
     "fastest",
+    "fastest_within_budget",
+    "accuracy",
     "inputs",
     "plan",
     "cold_start_s",
@@ -61,12 +67,16 @@ _CONFIG_KEYS = (
     "error",
 )
 _LATENCY_KEYS = ("p50", "p90", "p99", "mean", "std", "min", "max")
+#: Keys added within schema 1, and what a document written before them reads as (not judged).
+_ADDED_CONFIG_KEYS: dict[str, Any] = {"accuracy": None, "fastest_within_budget": False}
 
 
 def check_results(data: Any) -> dict[str, Any]:
     """``data`` if it is a results document of a schema this ferry reads, else FerryError.
 
     Checks the shape, not the figures: every key of the schema is present (figures may be null).
+    Keys added to schema 1 later (``accuracy``, ``fastest_within_budget``, ``settings.accuracy``)
+    are filled in, as not judged, in a document written before them (an older agent's).
     """
     from ferry.bench._runner import SCHEMA
 
@@ -79,7 +89,12 @@ def check_results(data: Any) -> dict[str, Any]:
     for key in ("created", "model", "device", "settings", "configurations"):
         if key not in data:
             raise FerryError(f"bench results lack {key!r}")
+    if isinstance(data["settings"], dict):
+        data["settings"].setdefault("accuracy", None)
     for i, config in enumerate(data["configurations"]):
+        if isinstance(config, dict):
+            for key, value in _ADDED_CONFIG_KEYS.items():
+                config.setdefault(key, value)
         missing = [k for k in _CONFIG_KEYS if k not in config]
         if missing:
             raise FerryError(f"bench configuration {i} lacks {', '.join(missing)}")
@@ -111,6 +126,28 @@ def _count(value: float | None) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
 
 
+def accuracy_cell(row: dict[str, Any]) -> str:
+    """A configuration's accuracy in a table: the worst judge score, and ``ok`` within the
+    budget or ``out`` outside it (``-`` when not judged).
+
+    The score is cut (not rounded) to 5 decimals, so a score just under a threshold never reads
+    as the threshold itself (0.998996 is 0.99899, not 0.99900).
+    """
+    accuracy = row.get("accuracy")
+    if not accuracy:
+        return "-"
+    worst = float(accuracy["worst"])
+    shown = math.floor(worst * 1e5) / 1e5 if math.isfinite(worst) else worst
+    return f"{shown:.5f} {'ok' if accuracy['passed'] else 'out'}"
+
+
+def _marker(row: dict[str, Any]) -> str:
+    """``*`` fastest within the budget at its batch; ``!`` fastest, but not within it."""
+    if row.get("fastest_within_budget"):
+        return "*"
+    return "!" if row["fastest"] else " "
+
+
 #: Columns of the full table; the compact one (narrow terminals) keeps those marked True.
 _COLUMNS = (
     # (full header, compact header or None when the compact table leaves it out)
@@ -120,24 +157,27 @@ _COLUMNS = (
     ("warm ms", None),
     ("p50 ms", "p50 ms"),
     ("p90 ms", None),
-    ("p99 ms", "p99 ms"),
+    ("p99 ms", None),
     ("mean ms", None),
     ("std ms", None),
     ("min ms", None),
     ("samples/s", "samples/s"),
-    ("peak RSS MiB", "RSS MiB"),
+    ("peak RSS MiB", None),
     ("p50 vs ORT", "vs ORT"),
     ("samples/s vs ORT", None),
+    ("accuracy", "accuracy"),
 )
 
 
 def table(results: dict[str, Any], *, compact: bool = False) -> Any:
-    """A rich Table: one row per configuration, the fastest at each batch starred.
+    """A rich Table: one row per configuration; at each batch the fastest within the accuracy
+    budget is starred (``*``), and the fastest overall marked ``!`` when it is not within it.
 
     Latency is per call (one batch); ``vs ORT`` columns are ratios to plain ONNX Runtime fp32 at
-    the same batch (p50: below 1 is faster; samples/s: above 1 is faster). ``compact`` keeps the
-    columns that fit 80 characters: configuration, batch, cold start, p50, p99, samples/s, peak
-    RSS and the p50 ratio.
+    the same batch (p50: below 1 is faster; samples/s: above 1 is faster); ``accuracy`` is the
+    worst judge score against ONNX Runtime fp32 and whether it is within the budget
+    (:func:`accuracy_cell`). ``compact`` keeps the columns that fit 80 characters:
+    configuration, batch, cold start, p50, samples/s, the p50 ratio and accuracy.
     """
     from rich.markup import escape
     from rich.table import Table
@@ -161,7 +201,8 @@ def table(results: dict[str, Any], *, compact: bool = False) -> Any:
             label += f" ({escape(row['plan']['chosen'])})"
         if row["plan"] and row["plan"]["partitions"] > 1:
             label += f" [{row['plan']['partitions']} parts]"
-        label = f"[bold]* {label}[/bold]" if row["fastest"] else f"  {label}"
+        marker = _marker(row)
+        label = f"[bold]{marker} {label}[/bold]" if marker == "*" else f"{marker} {label}"
         if row["error"]:
             out.add_row(label, str(row["batch"]), "[red]failed[/red]")
             continue
@@ -178,9 +219,40 @@ def table(results: dict[str, Any], *, compact: bool = False) -> Any:
             _count(row["peak_rss_mb"]),
             _ratio(ratio.get("p50")),
             _ratio(ratio.get("throughput")),
+            accuracy_cell(row),
         ]
         out.add_row(*(cells[i] for i in shown))
     return out
+
+
+def budget_summary(results: dict[str, Any]) -> str:
+    """The budget the configurations were judged by, in words: ``cosine >= 0.999, argmax_seq
+    >= 0.99 against onnxruntime fp32 on the batch-1 inputs`` (empty when not judged)."""
+    accuracy = results["settings"].get("accuracy")
+    if not accuracy:
+        return ""
+    parts = []
+    for spec in accuracy["budget"]:
+        kind = spec.get("kind")
+        least = spec.get("min", spec.get("min_agreement"))
+        what = f"{kind}@{spec['threshold']:g}" if kind == "mask" else str(kind)
+        parts.append(f"{what} >= {least:g}" if isinstance(least, (int, float)) else what)
+    return (
+        f"{', '.join(parts)} against {accuracy['reference']} on the batch-{accuracy['batch']} "
+        "inputs"
+    )
+
+
+def outside_budget(results: dict[str, Any]) -> list[str]:
+    """One line per target outside the accuracy budget: each failed judgement's detail."""
+    seen: dict[str, str] = {}
+    for row in results["configurations"]:
+        accuracy = row.get("accuracy")
+        if not accuracy or accuracy["passed"] or row["label"] in seen:
+            continue
+        failed = [j for j in accuracy["judgements"] if not j["passed"]]
+        seen[row["label"]] = "; ".join(f"{j['output']}: {j['detail']}" for j in failed)
+    return [f"{label}: {detail}" for label, detail in seen.items()]
 
 
 def notes(results: dict[str, Any]) -> list[str]:
@@ -256,6 +328,10 @@ _CSV_COLUMNS = (
     "partitions",
     "note",
     "error",
+    # Added within schema 1: at the end, so that columns read by position stay where they were.
+    "fastest_within_budget",
+    "accuracy_passed",
+    "accuracy_worst",
 )
 
 
@@ -292,9 +368,13 @@ def to_csv(results: dict[str, Any]) -> str:
                 "throughput",
                 "note",
                 "error",
+                "fastest_within_budget",
             )
         }
+        accuracy = row["accuracy"] or {}
         flat.update(
+            accuracy_passed=accuracy.get("passed"),
+            accuracy_worst=accuracy.get("worst"),
             plan_partitions=plan.get("partitions"),
             plan_backends="+".join(plan.get("backends", [])),
             plan_chosen=plan.get("chosen"),

@@ -26,13 +26,17 @@ The results document (``schema`` ``"ferry.bench/1"``)::
       "model": {"name", "path", "sha256", "inputs": [{"name", "shape", "dtype"}]},
       "device": {...},                                   # ferry.bench.device_info()
       "settings": {"backends", "precisions", "batches", "threads", "warmup", "iterations",
-                   "duration_s", "block", "isolated", "seed", "force_cpu", "inputs_from"},
+                   "duration_s", "block", "isolated", "seed", "force_cpu", "inputs_from",
+                   "accuracy": {"budget": [judge specs], "batch": n, "reference": "onnxruntime fp32"}},
       "configurations": [{
         "label": "openvino bf16",       # backend + precision ("auto" for auto)
         "backend", "precision", "batch", "threads",
         "baseline": bool,               # plain ONNX Runtime fp32
         "requested": bool,              # false for a baseline measured without being asked for
         "fastest": bool,                # lowest p50 at this batch
+        "fastest_within_budget": bool,  # lowest p50 at this batch among those within the budget
+        "accuracy": {"passed", "worst", "judgements": [{"kind", "output", "score", "threshold",
+                     "passed", "detail"}]} | null,  # against ONNX Runtime fp32 (see below)
         "inputs": {"name": [dims]},
         "plan": {"partitions": n, "backends": [...], "chosen": "openvino bf16" | null (auto)},
         "cold_start_s", "first_run_ms", "warm_start_s", "rss_before_load_mb", "peak_rss_mb",
@@ -48,6 +52,17 @@ The results document (``schema`` ``"ferry.bench/1"``)::
     }
 
 Figures that were not measured are null, never absent.
+
+Accuracy: before timing, every target runs once on the inputs of the first batch (``settings.
+accuracy.batch``) and its outputs are judged against plain ONNX Runtime fp32's on the same inputs
+with :func:`ferry.parity.within_budget` and the budget in ``settings.accuracy.budget`` (judge specs,
+:func:`ferry.parity.judge`; default :data:`ferry.parity.DEFAULT_BUDGET`). ``accuracy`` is that
+verdict (``BudgetVerdict.to_dict()``; the same at every batch of the target; null when it could not
+be judged, ``note`` says why); the baseline is the reference and always passes. The fastest
+configuration within budget at each batch (the baseline counts) has ``fastest_within_budget``; one
+outside the budget never has it. ``accuracy``, ``fastest_within_budget`` and ``settings.accuracy``
+were added within schema 1: a document written before them reads as not judged
+(:func:`ferry.bench.check_results` fills them in as null / false).
 """
 
 from __future__ import annotations
@@ -72,6 +87,7 @@ import numpy as np
 
 from ferry.bench._latency import DEFAULT_BLOCK, Contender, interleave, summarize_ms
 from ferry.errors import BackendUnavailableError, FerryError, InvalidInputError
+from ferry.parity import DEFAULT_BUDGET, within_budget
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -124,6 +140,10 @@ class BenchSpec:
         seed: seed of generated inputs.
         isolate: measure cold start and peak memory in a fresh process per target.
         force_cpu: op types or node names kept on ONNX Runtime when partitioning.
+        accuracy: the accuracy budget every configuration is judged by against ONNX Runtime
+            fp32: judge specs (:func:`ferry.parity.judge`, e.g. from
+            :func:`ferry.parity.parse_budget`; ``custom`` cannot travel as JSON); None:
+            :data:`ferry.parity.DEFAULT_BUDGET`.
     """
 
     backends: tuple[str, ...] = ("onnxruntime",)
@@ -137,6 +157,7 @@ class BenchSpec:
     seed: int = 0
     isolate: bool = True
     force_cpu: tuple[str, ...] = ()
+    accuracy: tuple[Mapping[str, Any], ...] | None = None
 
     def __post_init__(self) -> None:
         self.check()
@@ -175,6 +196,8 @@ class BenchSpec:
                 raise InvalidInputError(f"shapes: bad shape {dims!r} for input {name!r}")
         if not _is_int(self.seed):
             raise InvalidInputError(f"seed must be an integer, got {self.seed!r}")
+        if self.accuracy is not None:
+            _check_budget(self.accuracy)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -189,6 +212,8 @@ class BenchSpec:
             "seed": self.seed,
             "isolate": self.isolate,
             "force_cpu": list(self.force_cpu),
+            # Only when given: an agent of an older ferry refuses keys it does not know.
+            **({} if self.accuracy is None else {"accuracy": [dict(a) for a in self.accuracy]}),
         }
 
     @classmethod
@@ -223,6 +248,14 @@ class BenchSpec:
                 if not isinstance(data["shapes"], dict):
                     raise TypeError("shapes must map input names to lists of dims")
                 kw["shapes"] = {str(k): tuple(v) for k, v in data["shapes"].items()}
+            if data.get("accuracy") is not None:
+                value = data["accuracy"]
+                if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+                    raise TypeError(
+                        'accuracy must be a list of judge specs, e.g. [{"kind": "cosine", '
+                        '"min": 0.999}]'
+                    )
+                kw["accuracy"] = tuple(dict(v) for v in value)
             for key in ("threads", "warmup", "iterations", "duration_s", "seed", "isolate"):
                 if key in data:
                     kw[key] = data[key]
@@ -237,6 +270,30 @@ class BenchSpec:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _check_budget(specs: Any) -> None:
+    """Refuse a budget that is not judge specs that travel as JSON, naming what is wrong."""
+    from ferry.parity import judge
+
+    if isinstance(specs, (str, Mapping)) or not isinstance(specs, Sequence) or not specs:
+        raise InvalidInputError(
+            "accuracy: give judge specs, e.g. ({'kind': 'cosine', 'min': 0.999},), or None for "
+            "the default budget"
+        )
+    for spec in specs:
+        if not isinstance(spec, Mapping):
+            raise InvalidInputError(f"accuracy: each judge spec must be a mapping, got {spec!r}")
+        if spec.get("kind") == "custom":
+            raise InvalidInputError(
+                "accuracy: a 'custom' judge (a function) cannot travel as JSON; use cosine, "
+                "top1, argmax_seq or mask"
+            )
+        judge(spec)  # an unknown kind or setting names the known ones
+        try:
+            json.dumps(dict(spec), allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise InvalidInputError(f"accuracy: judge spec {spec!r} is not plain JSON: {e}") from e
 
 
 @dataclasses.dataclass
@@ -256,6 +313,7 @@ class Target:
     warm_start_s: float | None = None
     rss_before_load_mb: float | None = None
     peak_rss_mb: dict[int, float | None] = dataclasses.field(default_factory=dict)
+    accuracy: dict[str, Any] | None = None
     session: Session | None = None
 
     @property
@@ -352,7 +410,9 @@ def run_bench(
     base_load_s = time.perf_counter() - start
     given = dict(inputs or {})
     feeds = batch_feeds(base.session.inputs, given, spec.shapes, spec.batches, spec.seed)
-    base.session.run(next(iter(feeds.values())))  # the model must at least run on ORT
+    judged_batch = next(iter(feeds))
+    # The model must at least run on ORT; its outputs are the reference accuracy is judged by.
+    reference = dict(base.session.run(feeds[judged_batch]))
     for target in targets[1:]:
         if target.error is None:
             report(f"planning {target.label}", 0, 1)
@@ -389,6 +449,12 @@ def run_bench(
             continue
         if not spec.isolate:
             target.cold_start_s = time.perf_counter() - start
+    budget = [dict(b) for b in (spec.accuracy if spec.accuracy is not None else DEFAULT_BUDGET)]
+    report("judging accuracy", 0, len(live))
+    for i, target in enumerate(live):
+        if target.error is None and target.session is not None:
+            report(f"judging accuracy: {target.label}", i, len(live))
+            _judge(target, feeds[judged_batch], reference, budget)
     configs = _time_all(targets, feeds, spec, report)
     _add_ratios(configs)
     return {
@@ -415,6 +481,11 @@ def run_bench(
             "force_cpu": list(spec.force_cpu),
             "inputs_from": {
                 s.name: "file" if s.name in given else "random" for s in base.session.inputs
+            },
+            "accuracy": {
+                "budget": budget,
+                "batch": judged_batch,
+                "reference": base.label,
             },
         },
         "configurations": configs,
@@ -453,6 +524,39 @@ def _plan(target: Target, named: ir.Model, spec: BenchSpec, feeds: dict[str, np.
         target.note = f"auto chose {made.auto.label} {how}"
     elif target.backend not in target.plan.backends:
         target.note = f"{target.backend} took no node; ONNX Runtime runs the whole model"
+
+
+def _judge(
+    target: Target,
+    feeds: dict[str, np.ndarray],
+    reference: dict[str, np.ndarray],
+    budget: list[dict[str, Any]],
+) -> None:
+    """Run ``target`` once on ``feeds`` and judge its outputs against ``reference`` (ONNX Runtime
+    fp32's on the same feeds): ``target.accuracy``. A run that fails fails the target; a verdict
+    that cannot be reached (outputs that do not match up) leaves it null with a note."""
+    if target.baseline:
+        got = reference  # the reference itself
+    else:
+        try:
+            got = dict(target.session.run(feeds)) if target.session is not None else {}
+        except Exception as e:  # reported per configuration, never fatal to the others
+            target.error = _describe(e)
+            return
+    missing = sorted(set(reference) - set(got))
+    if missing:
+        target.note = _join(target.note, f"accuracy not judged: no output {', '.join(missing)}")
+        return
+    try:
+        verdict = within_budget({k: got[k] for k in reference}, reference, budget)
+    except FerryError as e:
+        target.note = _join(target.note, f"accuracy not judged: {e}")
+        return
+    target.accuracy = verdict.to_dict()
+
+
+def _join(note: str | None, more: str) -> str:
+    return more if not note else f"{note}; {more}"
 
 
 def _measure_in_child(
@@ -563,6 +667,9 @@ def _time_all(
         timed = [r for r in out if r["batch"] == batch and r["latency_ms"] is not None]
         if timed:
             min(timed, key=lambda r: r["latency_ms"]["p50"])["fastest"] = True
+        within = [r for r in timed if r["accuracy"] is not None and r["accuracy"]["passed"]]
+        if within:
+            min(within, key=lambda r: r["latency_ms"]["p50"])["fastest_within_budget"] = True
     return out
 
 
@@ -608,6 +715,8 @@ def _config_dict(
         "baseline": target.baseline,
         "requested": target.requested,
         "fastest": False,
+        "fastest_within_budget": False,
+        "accuracy": target.accuracy,
         "inputs": {name: list(arr.shape) for name, arr in feeds.items()},
         "plan": None
         if plan is None

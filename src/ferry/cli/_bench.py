@@ -32,6 +32,14 @@ from ferry.errors import InvalidInputError
     help="Precisions to run each engine in, e.g. fp32,bf16 (default: all each one offers).",
 )
 @click.option(
+    "--accuracy",
+    default=None,
+    metavar="BUDGET",
+    help="Accuracy budget each configuration is judged by against ONNX Runtime fp32 on the same "
+    "inputs, e.g. cosine=0.9995,top1=0.98 (measures: cosine, top1 or argmax, mask@THRESHOLD; "
+    "default cosine=0.999,top1=0.99). The fastest configuration within it is starred.",
+)
+@click.option(
     "--batch",
     "batches",
     default=None,
@@ -120,6 +128,7 @@ def command(
     model: Path,
     backends: str,
     precisions: str | None,
+    accuracy: str | None,
     batches: str | None,
     threads: int | None,
     warmup: int,
@@ -139,7 +148,9 @@ def command(
 ) -> None:
     """Measure MODEL (an .onnx file or an artifact folder) on every engine and precision asked
     for: cold and warm start, latency p50/p90/p99/mean/std/min, throughput and peak memory, each
-    also as a ratio to plain ONNX Runtime fp32 at the same batch.
+    also as a ratio to plain ONNX Runtime fp32 at the same batch, and accuracy: each
+    configuration's outputs judged against ONNX Runtime fp32's on the same inputs (--accuracy).
+    At each batch the fastest configuration within the accuracy budget is starred.
 
     Inputs not given with --input are generated (a symbolic first dim as 1, other symbolic dims
     as 224, unless --shape or --batch say otherwise). Configurations are timed in alternating blocks of calls in one process; cold
@@ -150,9 +161,11 @@ def command(
       ferry bench model.onnx --iterations 200
       ferry bench model.onnx --backends onnxruntime,openvino --batch 1,8 --plot lat.png
       ferry bench artifact/ --backends openvino --precision bf16 --save-report
+      ferry bench model.onnx --backends openvino --accuracy cosine=0.9999,top1=1
       ferry bench model.onnx --device http://192.168.1.20:8765 --token "$TOKEN"
     """
     from ferry.bench import BenchSpec
+    from ferry.parity import parse_budget
 
     if iterations is None and duration is None:
         iterations = 100
@@ -173,6 +186,7 @@ def command(
         seed=seed,
         isolate=not no_isolate,
         force_cpu=force_cpu,
+        accuracy=None if accuracy is None else tuple(parse_budget(accuracy)),
     )
     inputs = _inputs(input_files)
     quiet = "-" in (json_out, csv_out)
@@ -288,12 +302,14 @@ def _print(results: dict[str, Any]) -> None:
         console.print(f"  partitions of {escape(line)}")
     for line in bench.notes(results):
         console.print(f"note: {escape(line)}")
+    for line in bench.outside_budget(results):
+        console.print(f"[yellow]outside the accuracy budget[/yellow] {escape(line)}")
     for line in bench.errors(results):
         console.print(f"[red]failed[/red] {escape(line)}")
     if compact:
         console.print(
             "vs ORT: p50 over plain ONNX Runtime fp32's. A wider terminal shows warm start, "
-            "p90, mean, std, min and the throughput ratio; --json has everything."
+            "p90, p99, mean, std, min, peak RSS and the throughput ratio; --json has everything."
         )
     settings = results["settings"]
     counts = []
@@ -310,6 +326,12 @@ def _print(results: dict[str, Any]) -> None:
     console.print(
         f"{' or '.join(counts)} per configuration after {settings['warmup']} warm-up calls, "
         f"alternating in blocks of {settings['block']}; threads: {threads}; {how}. "
-        "* = fastest p50 at its batch; vs ORT = ratio to plain ONNX Runtime fp32."
+        "* = fastest p50 within the accuracy budget at its batch (! = fastest, but not within "
+        "it); vs ORT = ratio to plain ONNX Runtime fp32."
     )
+    budget = bench.budget_summary(results)
+    if budget:
+        console.print(
+            f"accuracy: the worst judge score and ok/out of the budget ({escape(budget)})."
+        )
     console.print(f"device: {escape(bench.device_summary(results['device']))}")

@@ -25,6 +25,14 @@ def model_argument(f: F) -> F:
 
 def session_options(f: F) -> F:
     f = click.option(
+        "--precision",
+        default=None,
+        metavar="NAME",
+        help="Run in this precision (fp32, bf16, fp16, int8) on every engine of the plan that "
+        "offers it, e.g. --backends openvino --precision bf16 (ONNX Runtime runs fp32 only; "
+        "ferry bench shows each precision's speed and accuracy). Default: each engine's fp32.",
+    )(f)
+    f = click.option(
         "--threads",
         type=click.IntRange(min=1),
         default=None,

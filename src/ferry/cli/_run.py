@@ -43,6 +43,7 @@ def command(
     output_dir: Path | None,
     backends: str | None,
     threads: int | None,
+    precision: str | None,
 ) -> None:
     """Run MODEL once and print each output's name, shape, dtype and statistics.
 
@@ -50,10 +51,11 @@ def command(
     Examples:
       ferry run model.onnx --input input=image.npy
       ferry run model.onnx --random --shape input=4,3,224,224 -o outputs/
+      ferry run model.onnx --random --backends openvino --precision bf16
     """
     import ferry
 
-    session = ferry.load(model, backends=backends, threads=threads)
+    session = ferry.load(model, backends=backends, threads=threads, precision=precision)
     feeds, guessed = build_feeds(session, input_files, shapes, seed, random=random_inputs)
     outputs = run_feeds(session, feeds, guessed)
     table = Table(

@@ -29,6 +29,14 @@ from ferry.serving import DEFAULT_MAX_REQUEST_BYTES
     help="Comma-separated backends for models whose config.json names none (default: onnxruntime).",
 )
 @click.option(
+    "--precision",
+    default=None,
+    metavar="NAME",
+    help="Precision (fp32, bf16, fp16, int8) for models whose config.json names none, on every "
+    "engine of their plan that offers it, e.g. --backends openvino --precision bf16 (ONNX "
+    "Runtime runs fp32 only: a model it alone runs then fails to load). Default: fp32.",
+)
+@click.option(
     "--api-key",
     envvar="FERRY_API_KEY",
     default=None,
@@ -66,6 +74,7 @@ def command(
     host: str,
     port: int,
     backends: str | None,
+    precision: str | None,
     api_key: str | None,
     max_request_bytes: int,
     poll: float | None,
@@ -83,6 +92,7 @@ def command(
     Examples:
       ferry serve model.onnx
       ferry serve models/ --port 8000 --poll 5
+      ferry serve models/ --backends openvino --precision bf16
       ferry serve models/ --explicit --load mlp --api-key "$KEY"
     """
     from ferry.errors import FerryError
@@ -91,6 +101,7 @@ def command(
     app = create_app(
         source,
         backends=backends,
+        precision=precision,
         api_key=api_key,
         max_request_bytes=max_request_bytes,
         poll_interval=poll,
@@ -109,7 +120,7 @@ def command(
             server.start()
             if state.startup_error is not None:
                 raise FerryError(f"the server failed to start: {state.startup_error}")
-            rows = state.index()
+            rows = state.index(engines=True)
             ready = [r for r in rows if r["state"] == "READY"]
             if not ready and not explicit and poll is None:
                 reasons = "; ".join(f"{r['name']}: {r['reason']}" for r in rows if r["reason"])
@@ -125,7 +136,7 @@ def command(
 
 
 def _print_models(rows: list[dict[str, str]]) -> None:
-    table = Table("model", "version", "state", "reason", box=None, show_edge=False)
+    table = Table("model", "version", "state", "engines", "reason", box=None, show_edge=False)
     for row in rows:
         state = row["state"]
         style = "green" if state == "READY" else "red" if row["reason"] else "dim"
@@ -133,6 +144,7 @@ def _print_models(rows: list[dict[str, str]]) -> None:
             escape(row["name"]),
             escape(row["version"] or "-"),
             f"[{style}]{state}[/]",
+            escape(row.get("engines") or "-"),
             escape(row["reason"]),
         )
     console.print(table)

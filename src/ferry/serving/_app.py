@@ -114,11 +114,12 @@ class ServingState:
                 "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
             )
 
-    def index(self, timeout: float = 60.0) -> list[dict[str, str]]:
-        """The repository index, from another thread than the server's (the CLI's)."""
+    def index(self, timeout: float = 60.0, engines: bool = False) -> list[dict[str, str]]:
+        """The repository index, from another thread than the server's (the CLI's); with
+        ``engines``, each row also says what its version runs on and in (``"engines"``)."""
         if self.loop is None:
             raise RuntimeError("the app has not started")
-        future = asyncio.run_coroutine_threadsafe(self.repository.index(), self.loop)
+        future = asyncio.run_coroutine_threadsafe(self.repository.index(engines=engines), self.loop)
         return future.result(timeout)
 
     async def _start(self) -> None:
@@ -135,6 +136,7 @@ def create_app(
     source: str | os.PathLike[str],
     *,
     backends: str | Sequence[str] | None = None,
+    precision: str | None = None,
     api_key: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     poll_interval: float | None = None,
@@ -152,6 +154,8 @@ def create_app(
         source: a repository folder (``REPO/<model>/<version>/model.onnx``), an ``.onnx`` file or an
             artifact folder (served as one model named after it, version 1).
         backends: engines for models whose config.json names none (default ONNX Runtime).
+        precision: the precision for models whose config.json names none (``"bf16"``...;
+            default: each engine's fp32): see ``ferry.load``.
         api_key: when set, inference and repository endpoints need ``Authorization: Bearer KEY``.
         max_request_bytes: the largest request body accepted (after decompression); larger: 413.
         poll_interval: rescan the repository every this many seconds and hot-reload changes.
@@ -183,6 +187,7 @@ def create_app(
     repository = ModelRepository(
         source,
         backends=backends,
+        precision=precision,
         poll_interval=poll_interval,
         explicit=explicit,
         load=load,
@@ -404,6 +409,7 @@ async def _model_config(request: Request) -> Response:
             policy=version.config.version_policy,
             backends=loaded.backends,
             threads=loaded.threads,
+            precision=loaded.precision_text,
             platform=version.platform,
             model_filename=loaded.model_file.name,
             inputs=[(t["name"], t["datatype"], t["shape"]) for t in version.tensor_metadata()],

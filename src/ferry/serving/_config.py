@@ -6,6 +6,7 @@
      "dynamic_batching": {"max_queue_delay_microseconds": 500, "preferred_batch_size": [4, 8]},
      "instance_group": [{"count": 2}],
      "backends": ["onnxruntime"],
+     "precision": "bf16",
      "version_policy": {"latest": {"num_versions": 1}}}
 
 The defaults follow Triton's ONNX Runtime autocomplete: when ``max_batch_size`` is not given and every
@@ -14,6 +15,11 @@ batcher on (``max_queue_delay_microseconds`` 100); otherwise ``max_batch_size`` 
 as sent. A ``max_batch_size`` given without ``dynamic_batching`` runs each request alone (Triton's
 default scheduler). With ``max_batch_size`` > 0 the leading dim of every input and output is the batch
 dim: requests carry it, and Triton-style configuration leaves it out of ``dims``.
+
+``precision`` (one of :data:`PRECISIONS`) is what ``ferry.load(..., precision=...)`` takes: the
+model runs in it on every engine of its plan that offers it, and fails to load (that model only)
+when none does (ONNX Runtime runs fp32 only: pair it with ``"backends": ["openvino"]``, say).
+Without it, the server's ``--precision``, else each engine's default (fp32).
 """
 
 from __future__ import annotations
@@ -25,16 +31,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from ferry.errors import ModelLoadError
+from ferry.errors import FerryError, InvalidInputError, ModelLoadError
 
 __all__ = [
     "DEFAULT_MAX_BATCH_SIZE",
     "DEFAULT_QUEUE_DELAY_US",
+    "PRECISIONS",
     "ConfigError",
     "ModelConfig",
     "ResolvedConfig",
     "VersionPolicy",
     "batch_dim_problem",
+    "check_precision",
     "parse_config",
     "read_config",
     "resolve_config",
@@ -47,6 +55,8 @@ DEFAULT_MAX_BATCH_SIZE = 8
 #: requests that queue while an instance is busy, and a long wait only adds latency at low load.
 DEFAULT_QUEUE_DELAY_US = 100
 _MAX_INSTANCES = 64
+#: The precisions a served model may ask for (those ``ferry.load`` takes).
+PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 _MAX_QUEUE_DELAY_US = 10_000_000
 
 
@@ -97,6 +107,7 @@ class ModelConfig:
         preferred_batch_sizes: batch sizes the batcher sends as soon as it can form them.
         instance_count: copies of the model, each on its own thread.
         backends: engines in priority order; None: the server's.
+        precision: the precision to run in (one of :data:`PRECISIONS`); None: the server's.
         version_policy: which versions are served.
     """
 
@@ -106,6 +117,7 @@ class ModelConfig:
     preferred_batch_sizes: tuple[int, ...] = ()
     instance_count: int = 1
     backends: tuple[str, ...] | None = None
+    precision: str | None = None
     version_policy: VersionPolicy = dataclasses.field(default_factory=VersionPolicy)
 
 
@@ -126,6 +138,7 @@ _KEYS = {
     "dynamic_batching",
     "instance_group",
     "backends",
+    "precision",
     "version_policy",
 }
 _BATCHING_KEYS = {"max_queue_delay_microseconds", "preferred_batch_size"}
@@ -223,6 +236,9 @@ def parse_config(data: Any, name: str, *, source: str = "config") -> ModelConfig
                 '["onnxruntime"]'
             )
         backends = tuple(backends)
+    precision = data.get("precision")
+    if precision is not None:
+        precision = check_precision(precision, f"{where}: 'precision'", ConfigError)
     return ModelConfig(
         max_batch_size=max_batch,
         dynamic_batching=dynamic,
@@ -230,8 +246,22 @@ def parse_config(data: Any, name: str, *, source: str = "config") -> ModelConfig
         preferred_batch_sizes=preferred,
         instance_count=instances,
         backends=backends,
+        precision=precision,
         version_policy=_version_policy(data.get("version_policy"), where),
     )
+
+
+def check_precision(
+    value: Any, what: str = "precision", error: type[FerryError] = InvalidInputError
+) -> str:
+    """``value`` if it is one of :data:`PRECISIONS`, else ``error`` naming them (``what`` says
+    where the value came from: the config key, the server option)."""
+    if not isinstance(value, str) or value not in PRECISIONS:
+        raise error(
+            f"{what} must be one of {', '.join(PRECISIONS)} (an engine of the model's backends "
+            f"must offer it; ONNX Runtime runs fp32 only), got {value!r}"
+        )
+    return value
 
 
 def _int(value: Any, key: str, where: str, *, minimum: int, maximum: int | None = None) -> int:
@@ -399,6 +429,7 @@ def triton_config(
     policy: VersionPolicy,
     backends: Sequence[str],
     threads: int,
+    precision: str,
     platform: str,
     model_filename: str,
     inputs: Sequence[tuple[str, str, list[int]]],
@@ -407,6 +438,9 @@ def triton_config(
     """The model configuration as Triton's ``/config`` endpoint gives it (JSON of ModelConfig).
 
     Args:
+        precision: what the engines run in, as ``parameters.ferry_precision`` says it: ``bf16``
+            when every engine of the plan runs in it, else per engine
+            (``openvino=bf16,onnxruntime=fp32``).
         inputs: ``(name, KServe datatype, shape with -1 for variable dims)`` per input, the batch
             dim included; it is left out of ``dims`` when ``max_batch_size`` > 0.
         outputs: the same for the outputs.
@@ -446,6 +480,7 @@ def triton_config(
         "parameters": {
             "ferry_backends": {"string_value": ",".join(backends)},
             "ferry_intra_op_threads": {"string_value": str(threads)},
+            "ferry_precision": {"string_value": precision},
         },
     }
     if resolved.dynamic_batching:

@@ -35,7 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from ferry.errors import FerryError, InvalidInputError, ModelLoadError
-from ferry.serving._config import ConfigError, ModelConfig, parse_config, read_config
+from ferry.serving._config import (
+    ConfigError,
+    ModelConfig,
+    check_precision,
+    parse_config,
+    read_config,
+)
 from ferry.serving._metrics import Metrics, VersionRecorder
 from ferry.serving._scheduler import ModelVersion, available_cores, load_version
 
@@ -181,6 +187,8 @@ class ModelRepository:
     Args:
         source: a repository folder, a model file or an artifact folder.
         backends: engines for models whose config.json names none (None: ONNX Runtime).
+        precision: the precision for models whose config.json names none (None: each engine's
+            default, fp32); one of :data:`ferry.serving.PRECISIONS`.
         poll_interval: rescan the repository every this many seconds (None: never).
         explicit: load only ``load`` at start; then only what load requests ask for.
         load: models to load at start in explicit mode.
@@ -197,6 +205,7 @@ class ModelRepository:
         source: str | os.PathLike[str],
         *,
         backends: str | Sequence[str] | None = None,
+        precision: str | None = None,
         poll_interval: float | None = None,
         explicit: bool = False,
         load: Sequence[str] | None = None,
@@ -204,6 +213,8 @@ class ModelRepository:
         metrics: Metrics | None = None,
     ) -> None:
         path = Path(source)
+        if precision is not None:
+            check_precision(precision)
         if not path.exists():
             raise ModelLoadError(f"model or repository not found: {path}")
         if poll_interval is not None and not poll_interval > 0:
@@ -214,6 +225,7 @@ class ModelRepository:
                 "repository's files decide what is served"
             )
         self.backends = backends  # parsed when a model loads (ferry.backends.parse_backends)
+        self.precision = precision
         self.poll_interval = poll_interval
         self.explicit = explicit
         self.warmup = warmup
@@ -408,8 +420,12 @@ class ModelRepository:
     def all_serving(self) -> list[ModelVersion]:
         return [v for name in sorted(self._entries) for v in self.serving(name)]
 
-    async def index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Triton's repository index: ``[{"name", "version", "state", "reason"}]``."""
+    async def index(self, ready_only: bool = False, engines: bool = False) -> list[dict[str, str]]:
+        """Triton's repository index: ``[{"name", "version", "state", "reason"}]``.
+
+        With ``engines`` (not Triton's: for ``ferry serve``'s table), each row also has
+        ``"engines"``: what a serving version runs on and in (``openvino bf16``), else ``""``.
+        """
         names = set(self._entries) | set(await self._run_blocking(self._list_names))
         rows: list[dict[str, str]] = []
         for name in sorted(names):
@@ -426,6 +442,13 @@ class ModelRepository:
                 rows.append(_row(name, "", UNAVAILABLE, entry.error))
         if ready_only:
             rows = [r for r in rows if r["state"] == READY]
+        if engines:
+            for row in rows:
+                entry = self._entries.get(row["name"])
+                served = None
+                if entry is not None and row["version"].isdigit():
+                    served = entry.serving.get(int(row["version"]))
+                row["engines"] = served.loaded.engines_text if served is not None else ""
         return rows
 
     # -- internals ------------------------------------------------------------------------------
@@ -610,7 +633,14 @@ class ModelRepository:
             return files.error or "no model file"
         try:
             loaded = await self._run_blocking(
-                lambda: load_version(name, path, config, backends=self.backends, warmup=self.warmup)
+                lambda: load_version(
+                    name,
+                    path,
+                    config,
+                    backends=self.backends,
+                    precision=self.precision,
+                    warmup=self.warmup,
+                )
             )
         except FerryError as e:
             # Start-up failures are reported by the index (and printed by ferry serve); later

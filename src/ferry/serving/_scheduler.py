@@ -76,6 +76,9 @@ class LoadedModel:
         resolved: the config it runs with.
         backends: the engines, in priority order.
         threads: intra-op threads of each instance's engine.
+        precision: the precision asked for (None: each engine's default).
+        precisions: what each engine of the plan runs in, in plan order (``{"openvino":
+            "bf16", "onnxruntime": "fp32"}``).
         model_file: what was loaded.
         input_types: KServe datatype of each input, in the model's order.
         output_types: KServe datatype of each output, in the model's order.
@@ -89,7 +92,22 @@ class LoadedModel:
     model_file: Path
     input_types: dict[str, str]
     output_types: dict[str, str]
+    precision: str | None = None
+    precisions: dict[str, str] = dataclasses.field(default_factory=dict)
     warmup_error: str | None = None
+
+    @property
+    def precision_text(self) -> str:
+        """``bf16`` when every engine runs in it, else ``openvino=bf16,onnxruntime=fp32``."""
+        values = set(self.precisions.values())
+        if len(values) == 1:
+            return values.pop()
+        return ",".join(f"{name}={p}" for name, p in self.precisions.items())
+
+    @property
+    def engines_text(self) -> str:
+        """The engines and what they run in: ``openvino bf16 + onnxruntime fp32``."""
+        return " + ".join(f"{name} {p}" for name, p in self.precisions.items())
 
     @property
     def inputs(self) -> list[Any]:
@@ -123,12 +141,14 @@ def load_version(
     config: ModelConfig,
     *,
     backends: str | Sequence[str] | None = None,
+    precision: str | None = None,
     warmup: bool = True,
     cores: int | None = None,
 ) -> LoadedModel:
     """Load ``instance_count`` sessions of a model version, check its config, and warm it up.
 
-    Blocking: call it on a loader thread.
+    Blocking: call it on a loader thread. ``backends`` and ``precision`` are the server's, for a
+    config that names none.
 
     Raises:
         FerryError: the model cannot be loaded, a backend is missing, or the config does not fit.
@@ -137,14 +157,15 @@ def load_version(
     from ferry.runtime import load
 
     names = list(config.backends) if config.backends else parse_backends(backends)
+    precision = config.precision or precision
     threads = engine_threads(config.instance_count, cores)
-    first = load(model_file, backends=names, threads=threads)
+    first = load(model_file, backends=names, threads=threads, precision=precision)
     resolved = resolve_config(config, name, first.inputs, first.outputs)
     input_types = {s.name: _kserve_type(s, name, "input") for s in first.inputs}
     output_types = {s.name: _kserve_type(s, name, "output") for s in first.outputs}
     sessions = [first]
     for _ in range(config.instance_count - 1):
-        sessions.append(load(model_file, backends=names, threads=threads))
+        sessions.append(load(model_file, backends=names, threads=threads, precision=precision))
     loaded = LoadedModel(
         sessions=sessions,
         resolved=resolved,
@@ -153,6 +174,8 @@ def load_version(
         model_file=model_file,
         input_types=input_types,
         output_types=output_types,
+        precision=precision,
+        precisions=_engine_precisions(first),
     )
     if warmup:
         loaded.warmup_error = warm_up(loaded)
@@ -161,6 +184,23 @@ def load_version(
                 "model %r: warm-up failed (%s); serving it anyway", name, loaded.warmup_error
             )
     return loaded
+
+
+def _engine_precisions(session: Any) -> dict[str, str]:
+    """What each engine of ``session``'s plan runs in: its ``precision`` option, else the
+    engine's default (the first it offers)."""
+    from ferry.backends import get_backend
+
+    out: dict[str, str] = {}
+    for partition in session.plan.partitions:
+        if partition.backend in out:
+            continue
+        chosen = partition.options.get("precision")
+        if chosen is None:
+            offered = tuple(getattr(get_backend(partition.backend), "precisions", ()) or ("fp32",))
+            chosen = offered[0]
+        out[partition.backend] = str(chosen)
+    return out
 
 
 def warm_up(loaded: LoadedModel) -> str | None:
