@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ferry._state_names import STATE_OUTPUT_PREFIX
 from ferry.errors import InvalidInputError
 
 __all__ = [
@@ -302,11 +303,12 @@ Judge = Callable[[Mapping[str, np.ndarray], Mapping[str, np.ndarray]], list["Jud
 #: What each kind measures (the kit's ``judge_kinds``).
 JUDGE_KINDS = {
     "top1": "the argmax of each sample (over all but the first axis) agrees on min_agreement "
-    "of the samples (default all)",
+    "of the samples (default all); entries within 0.1% of the largest magnitude are ties",
     "cosine": "the cosine similarity of each output, flattened, is >= min (default 0.999)",
     "mask": "(output > threshold) agrees on >= min_agreement of the elements; with min_iou, "
     "the masks' intersection over union is >= min_iou",
-    "argmax_seq": "the argmax over the last axis agrees at >= min_agreement of the positions",
+    "argmax_seq": "the argmax over the last axis agrees at >= min_agreement of the positions "
+    "(entries within 0.1% of the largest magnitude are ties)",
     "custom": "a function (got, want) -> bool or a score in [0, 1] (passes at >= min, default 1)",
 }
 
@@ -382,14 +384,26 @@ def _judged(array: Any, quantization: tuple[float, int] | None) -> np.ndarray:
     return _as_float64(a) if a.dtype.kind != "b" else a.astype(np.float64)
 
 
-def _agreement(
-    kind: str, name: str, got: np.ndarray, want: np.ndarray, least: float, what: str
-) -> Judgement:
-    if got.shape != want.shape:
-        return Judgement(kind, name, 0.0, least, False, f"shape {got.shape} vs {want.shape}")
-    score = float(np.mean(got == want)) if got.size else 1.0
+def _agreement(kind: str, name: str, agree: np.ndarray, least: float, what: str) -> Judgement:
+    score = float(np.mean(agree)) if agree.size else 1.0
     detail = f"{what} agree on {score:.2%} (needs {least:.2%})"
     return Judgement(kind, name, score, least, score >= least, detail)
+
+
+#: Two scores closer than this fraction of the reference's largest magnitude are a tie: picking
+#: either is agreement (a probability map's background rows are all ~0, a saturated sigmoid's
+#: text rows all ~1, and which of the tied entries wins is rounding, not a different answer).
+#: Quantized integers tie within one step (their last bit rounds either way across engines).
+_TIE = 1e-3
+
+
+def _argmax_agreement(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Per row of the last axis: does the argmax of ``got`` pick a (near-)best entry of ``want``?"""
+    want = want.astype(np.float64)
+    picked = np.take_along_axis(want, got.argmax(-1)[..., None], axis=-1)[..., 0]
+    scale = float(np.max(np.abs(want))) if want.size else 0.0
+    margin = max(_TIE * scale, 1.0 if got.dtype.kind in "iu" else 0.0)
+    return np.asarray(picked >= want.max(-1) - margin)
 
 
 def _top1(kind: str, name: str, g: np.ndarray, w: np.ndarray, s: dict[str, Any]) -> Judgement:
@@ -397,16 +411,16 @@ def _top1(kind: str, name: str, g: np.ndarray, w: np.ndarray, s: dict[str, Any])
     if g.shape != w.shape or g.ndim == 0:
         return Judgement(kind, name, 0.0, least, False, f"shape {g.shape} vs {w.shape}")
     rows = max(g.shape[0], 1) if g.ndim > 1 else 1
-    a = g.reshape(rows, -1).argmax(axis=1)
-    b = w.reshape(rows, -1).argmax(axis=1)
-    return _agreement(kind, name, a, b, least, f"top-1 classes of {rows} sample(s)")
+    agree = _argmax_agreement(g.reshape(rows, -1), w.reshape(rows, -1))
+    return _agreement(kind, name, agree, least, f"top-1 classes of {rows} sample(s)")
 
 
 def _argmax_seq(kind: str, name: str, g: np.ndarray, w: np.ndarray, s: dict[str, Any]) -> Judgement:
     least = float(s.get("min_agreement", 1.0))
     if g.shape != w.shape or g.ndim == 0:
         return Judgement(kind, name, 0.0, least, False, f"shape {g.shape} vs {w.shape}")
-    return _agreement(kind, name, g.argmax(-1), w.argmax(-1), least, "argmax positions")
+    agree = _argmax_agreement(g, w)
+    return _agreement(kind, name, agree, least, "argmax positions")
 
 
 def _cosine(kind: str, name: str, g: np.ndarray, w: np.ndarray, s: dict[str, Any]) -> Judgement:
@@ -437,7 +451,7 @@ def _mask(kind: str, name: str, g: np.ndarray, w: np.ndarray, s: dict[str, Any])
     if g.shape != w.shape:
         return Judgement(kind, name, 0.0, least, False, f"shape {g.shape} vs {w.shape}")
     a, b = g > threshold, w > threshold
-    verdict = _agreement(kind, name, a, b, least, f"mask elements (> {threshold:g})")
+    verdict = _agreement(kind, name, a == b, least, f"mask elements (> {threshold:g})")
     min_iou = s.get("min_iou")
     if min_iou is None:
         return verdict
@@ -567,7 +581,8 @@ def within_budget(
     :data:`DEFAULT_BUDGET`). Floats and small integers (8- and 16-bit: quantized values, whose
     last bit may round either way across engines) are judged; wider integers, booleans and
     strings (labels, ids, masks) must be equal. The argmax measures apply only where the last
-    axis has two or more entries.
+    axis has two or more entries, and not to recurrent state (``state_out:*`` outputs: the
+    values carried to the next call, not scores; their cosine is judged).
     """
     if callable(budget):
         specs: list[Mapping[str, Any]] = [{"kind": "custom", "function": budget}]
@@ -588,7 +603,8 @@ def within_budget(
             judgements.append(Judgement("exact", name, score, 1.0, out.passed, out.describe()))
             continue
         for spec in specs:
-            if spec.get("kind") in ("argmax_seq", "top1") and (g.ndim == 0 or g.shape[-1] < 2):
+            argmax = spec.get("kind") in ("argmax_seq", "top1")
+            if argmax and (g.ndim == 0 or g.shape[-1] < 2 or name.startswith(STATE_OUTPUT_PREFIX)):
                 continue
             judgements.extend(judge({**spec, "output": name})({name: g}, {name: w}))
     return BudgetVerdict(tuple(judgements))

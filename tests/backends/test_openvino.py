@@ -208,16 +208,23 @@ def test_serialize_and_load_round_trip(backend: OpenVINOBackend) -> None:
         backend.load(b"not a compiled model", spec)
 
 
-def test_source_path_is_read(backend: OpenVINOBackend, tmp_path: Any) -> None:
+def test_the_prepared_model_is_compiled_not_its_file(
+    backend: OpenVINOBackend, tmp_path: Any
+) -> None:
+    """OpenVINO compiles the model placement asked it about (with its inferred types), not the
+    file it was read from; external weights are read in."""
     from models import mlp, save_external
 
-    path = save_external(mlp(), tmp_path / "m.onnx")  # weights beside the file
+    path = save_external(mlp(seed=1), tmp_path / "m.onnx")  # other weights, beside the file
     spec = spec_for(mlp())
     compiled = backend.compile(CompileSpec(spec.partition, spec.model, path, {}))
     x = np.ones((2, 16), np.float32)
     np.testing.assert_allclose(
         compiled.run({"x": x})["y"], ort_run(spec.model, {"x": x})["y"], rtol=1e-4, atol=1e-6
     )
+    compiled = backend.compile(spec_for(ir.load(path)))
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(compiled.run({"x": x})["y"], want[0], rtol=1e-4, atol=1e-6)
 
 
 def test_outputs_subset_and_copies(backend: OpenVINOBackend) -> None:

@@ -99,9 +99,12 @@ def test_openvino_and_onnxruntime(mid: str, onnx_file: ONNX_OF) -> None:
 @pytest.mark.parametrize("mid", ALL)
 def test_plan_verify(mid: str, onnx_file: ONNX_OF, tmp_path: Path) -> None:
     args = save_feeds(kit_models.feeds(mid), tmp_path)
+    # Judged by the default accuracy budget: recurrent state and quantized kernels round
+    # differently across engines (a wake-word model's state agrees to cosine 0.9998).
     code, out, err = ferry_cli(
-        "plan", onnx_file(mid), "--backends", "openvino,onnxruntime", "--verify", "--json", *args
-    )
+        "plan", onnx_file(mid), "--backends", "openvino,onnxruntime", "--verify",
+        "--accuracy", "default", "--json", *args,
+    )  # fmt: skip
     assert code == 0, err or out
     result = json.loads(out)
     assert result["verify"] and all(check["passed"] for check in result["verify"])

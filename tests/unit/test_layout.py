@@ -27,6 +27,7 @@ SRC = Path(ferry.__file__).parent
 LEVELS: dict[str, int] = {
     "_version": 0,
     "_lazy": 0,
+    "_state_names": 0,
     "errors": 0,
     "graph": 1,
     "parity": 1,

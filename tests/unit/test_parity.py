@@ -268,3 +268,25 @@ def test_budgets_given_as_text_specs_or_functions() -> None:
     assert not within_budget({"y": a}, {"y": b}, [{"kind": "cosine", "min": 0.9999}]).passed
     same_top = within_budget({"y": a}, {"y": b}, lambda g, w: bool(g.argmax() == w.argmax()))
     assert same_top.passed
+
+
+def test_argmax_near_ties_are_agreement_but_real_flips_are_not() -> None:
+    # A probability map's background rows are all ~0: which near-zero entry wins is rounding.
+    want = np.full((1, 1, 4, 6), 1e-6, np.float32)
+    want[0, 0, 0, :] = [0.1, 0.9, 0.2, 0.0, 0.0, 0.0]
+    got = want.copy()
+    got[0, 0, 1:, 3] += 1e-5  # background rows: a different argmax, within the tie margin
+    assert within_budget({"p": got}, {"p": want}).passed
+    got[0, 0, 0, 2] = 0.95  # the one decisive row now picks another class
+    (flip,) = judge("argmax_seq")({"p": got}, {"p": want})
+    assert flip.score == 0.75 and not flip.passed
+
+
+def test_recurrent_state_is_judged_by_cosine_not_argmax() -> None:
+    rng = np.random.default_rng(0)
+    want = rng.integers(-128, 127, (1, 16, 64)).astype(np.int8)
+    got = want.copy()
+    got[0, :, 0] = 127  # every row's argmax moves; the values barely do (cosine stays high)
+    kinds = {j.kind for j in within_budget({"state_out:s": got}, {"state_out:s": want}).judgements}
+    assert kinds == {"cosine"}
+    assert "argmax_seq" in {j.kind for j in within_budget({"y": got}, {"y": want}).judgements}

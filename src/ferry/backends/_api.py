@@ -81,6 +81,12 @@ class Backend(Protocol):
 
         Engines that can tell (OpenVINO's ``query_model``, TensorRT's ONNX parser) veto what their
         rules over-claimed; others return ``{}``.
+
+        An engine that can be asked about a whole model may also define ``capability(model,
+        nodes) -> {node: True | reason}``: placement then takes its answer instead of the rules
+        plus this veto (OpenVINO does). Optional flags placement reads: ``ranked_inputs`` (no
+        input of unknown rank may come from another engine) and ``computes_shapes`` (shape
+        subgraphs may go with their consumers onto it).
         """
         ...
 

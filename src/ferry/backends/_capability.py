@@ -1,8 +1,10 @@
 """Capability: which of a model's nodes an engine takes, and why not the others.
 
-Two sources, in order: the backend's rule table (a fast prefilter, and the only answer where the
-engine cannot be asked, e.g. TensorRT without a GPU), then the engine itself, which may veto what
-its rules over-claimed (``Backend.validate``: OpenVINO's ``query_model``, TensorRT's ONNX parser).
+A backend that can be asked about the whole model answers itself (``Backend.capability``:
+OpenVINO offers the model to its frontend and ``query_model``, its table only adding what it
+knows is wrong). Otherwise two sources, in order: the backend's rule table (the only answer where
+the engine cannot be asked, e.g. TensorRT without a GPU), then the engine, which may veto what
+its rules over-claimed (``Backend.validate``: TensorRT's ONNX parser).
 
 Before -> After::
 
@@ -21,7 +23,7 @@ import onnx_ir as ir
 from ferry.backends._rules import RuleTable
 from ferry.errors import FerryError
 
-__all__ = ["capability", "engine_vetoes", "rule_verdicts"]
+__all__ = ["capability", "engine_capability", "engine_vetoes", "rule_verdicts"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,11 +42,27 @@ def capability(
     Raises:
         FerryError: the engine failed while being asked.
     """
+    asked = getattr(backend, "capability", None)
+    if ask_engine and callable(asked):
+        return engine_capability(backend, model, nodes)
     verdicts = rule_verdicts(backend, model, nodes)
     if ask_engine:
         accepted = [name for name in nodes if verdicts[name] is True]
         verdicts.update(engine_vetoes(backend, model, accepted))
     return verdicts
+
+
+def engine_capability(backend: Any, model: ir.Model, nodes: Sequence[str]) -> dict[str, bool | str]:
+    """The backend's own answer on the whole model (``Backend.capability``), errors named."""
+    try:
+        return dict(backend.capability(model, list(nodes)))
+    except FerryError:
+        raise
+    except Exception as e:  # an engine's own exception types; name the backend
+        raise FerryError(
+            f"backend {backend.name!r} failed while asked which of {len(nodes)} node(s) it "
+            f"takes: {e}; partition with validate=False to rely on its rules alone"
+        ) from e
 
 
 def rule_verdicts(backend: Any, model: ir.Model, nodes: Sequence[str]) -> dict[str, bool | str]:

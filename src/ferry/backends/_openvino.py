@@ -15,12 +15,13 @@ then node names, and attributes a nameless op to the ONNX node(s) its results fl
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import logging
 import re
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,7 @@ import onnx_ir as ir
 
 from ferry.backends._api import CompileSpec
 from ferry.backends._base import BackendBase, model_source
-from ferry.backends._rules import OpRule
+from ferry.backends._rules import OpRule, RuleTable, all_checks
 from ferry.errors import ExecutionError, InvalidInputError, ModelLoadError, PlanError
 from ferry.graph import dtype_name
 from ferry.plan import cut
@@ -83,11 +84,45 @@ class OpenVINOBackend(BackendBase):
     extra = "openvino"
     #: Its Parameters need a rank: no tensor of unknown rank may come to it from another engine.
     ranked_inputs = True
+    #: It computes shape subgraphs (Shape -> Gather -> Concat -> Reshape) itself, folding what is
+    #: static: they go with their consumers instead of forming islands on ONNX Runtime.
+    computes_shapes = True
 
     def rules(self) -> Sequence[OpRule]:
         return _rules()
 
+    def capability(self, model: ir.Model, nodes: Sequence[str]) -> dict[str, bool | str]:
+        """Which of ``nodes`` OpenVINO takes, asked of OpenVINO itself on the whole model.
+
+        The generated rule table (what ONNX's node tests showed) answers only where it knows of a
+        problem: an op excluded for wrong results, an attribute or input it computes wrongly,
+        float64 (computed in f32), tensors of types ferry cannot exchange. Everything else is
+        offered to the engine, the whole model at once, the way OpenVINO's HETERO plugin uses
+        ``query_model``: the table's opset ranges and dtype sets only record what the tests
+        covered, and a model with Resize at opset 11 or a dynamic ConvTranspose runs fine.
+        """
+        table = _known_problems()
+        opsets = model.opset_imports
+        by_name = {node.name: node for node in model.graph}
+        verdicts: dict[str, bool | str] = {}
+        asked = []
+        for name in nodes:
+            verdict = table.supports(by_name[name], opsets)
+            verdicts[name] = verdict
+            if verdict is True:
+                asked.append(name)
+        for name, why in self._engine_rejects(model, asked).items():
+            verdicts[name] = f"vetoed by openvino: {why}"
+        return verdicts
+
     def validate(self, model: ir.Model, nodes: Sequence[str]) -> dict[str, str]:
+        """Which of ``nodes`` OpenVINO rejects, asked about them cut out as a model of their own
+        (so that what other engines run does not spoil the answer); see :meth:`_engine_rejects`."""
+        if not nodes:
+            return {}
+        return self._engine_rejects(_candidate_model(model, nodes) or model, nodes)
+
+    def _engine_rejects(self, model: ir.Model, nodes: Sequence[str]) -> dict[str, str]:
         """Which of ``nodes`` OpenVINO rejects: its ONNX frontend cannot convert them, or its CPU
         plugin's ``query_model`` does not report them as supported.
 
@@ -100,9 +135,6 @@ class OpenVINOBackend(BackendBase):
         wanted = set(nodes)
         if not wanted:
             return {}
-        # Ask about the nodes as OpenVINO would be given them: cut out, so that what other
-        # engines run (an op or type OpenVINO cannot even read) does not spoil the answer.
-        model = _candidate_model(model, nodes) or model
         rejected: dict[str, str] = {}
         with _frontend_lock:
             try:
@@ -143,12 +175,20 @@ class OpenVINOBackend(BackendBase):
             reason = "OpenVINO's CPU plugin kept failing to check the model"
             for n in nodes:
                 rejected.setdefault(n, reason)
+        # A partial conversion validates less than reading the model for real (a Loop whose body
+        # reads outer values passes one and fails the other): read it for real, and refuse the
+        # nodes the frontend names.
+        for node, why in _full_conversion_failures(model).items():
+            rejected.setdefault(node, why)
         return {n: r for n, r in rejected.items() if n in wanted}
 
     def compile(self, spec: CompileSpec) -> OpenVINOPartition:
         config = compile_config(spec.options)
         core = _ov_core()
-        with model_source(spec.model, spec.source_path) as (data, file):
+        # The prepared model, not the file it came from: it is what placement asked OpenVINO
+        # about, and its inferred types are what the frontend needs for some ops (a Loop whose
+        # body reads outer values converts with them and fails without).
+        with model_source(spec.model) as (data, file):
             try:
                 ov_model = core.read_model(data if data is not None else str(file))
             except Exception as e:
@@ -307,6 +347,109 @@ def _rules() -> tuple[OpRule, ...]:
     return rules_from_data(RULES)
 
 
+#: Element types ferry exchanges with OpenVINO with their values intact (not float64: the CPU
+#: plugin computes it in f32; not bfloat16, float8, int4: no numpy type its API returns).
+_EXCHANGEABLE = frozenset(
+    {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"}
+    | {"float16", "float32"}
+)
+# Reasons the generated table gives for leaving an op out that record a lack of test coverage,
+# not a problem: such ops are offered to the engine.
+_UNTESTED = ("passes only with element types ferry cannot exchange",)
+
+
+@functools.cache
+def _known_problems() -> RuleTable:
+    """What is known to be wrong on OpenVINO, as rules (see ``capability``).
+
+    Every op the measured table or the problem list names gets rules that carry only the problem
+    list's limits (``_openvino_problems``: an attribute value or input computed wrongly, a form
+    that does not convert) plus the check every node passes here (tensors of exchangeable
+    types); an op excluded for a problem is refused; any other op is left to the engine.
+    """
+    from ferry.backends._openvino_problems import OVERRIDES, narrow, op_schema
+    from ferry.backends._openvino_rules import EXCLUDED, RULES
+
+    ops = {(e.get("domain", ""), e["op"]) for e in RULES} | {
+        ("", label) if "." not in label else tuple(label.rsplit(".", 1)) for label in OVERRIDES
+    }
+    rules: list[OpRule] = []
+    for domain, op in sorted(ops):
+        label = op if domain == "" else f"{domain}.{op}"
+        override = dict(OVERRIDES.get(label, {}))
+        if "exclude" in override:
+            continue
+        check: Callable[[ir.Node], bool | str] = _exchangeable
+        if op == "MaxPool":
+            # The problem is only a last window that starts in the padding: see the check.
+            override.pop("attrs", None)
+            check = all_checks(_exchangeable, _ceil_windows_inside)
+        schema = op_schema(domain, op, 10**3)
+        for variant in override.pop("variants", [{}]):
+            limits = narrow({"op": op, "domain": domain, "inputs": {}}, override | variant, schema)
+            (rule,) = rules_from_data([{**limits, "since": limits.get("since", 1), "until": None}])
+            rules.append(dataclasses.replace(rule, check=all_checks(rule.check, check)))
+    problems = {
+        label: why for label, why in EXCLUDED.items() if not any(u in why for u in _UNTESTED)
+    }
+    return RuleTable(rules, fallback=_engine_decides(problems))
+
+
+def _exchangeable(node: ir.Node) -> bool | str:
+    """Every input and output a tensor whose element type OpenVINO computes exactly."""
+    for kind, values in (("input", node.inputs), ("output", node.outputs)):
+        for i, value in enumerate(values):
+            if value is None:
+                continue
+            if not isinstance(value.type, (ir.TensorType, type(None))):
+                return f"{kind} {i} is a {value.type}, not a tensor"
+            if value.dtype is not None and dtype_name(value.dtype) not in _EXCHANGEABLE:
+                name = dtype_name(value.dtype)
+                return f"{kind} {i} has dtype {name}, which OpenVINO does not compute exactly"
+    return True
+
+
+def _ceil_windows_inside(node: ir.Node) -> bool | str:
+    """MaxPool with ``ceil_mode``: OpenVINO keeps a last window that starts in the end padding
+    (ONNX drops it), so it is refused unless the input's shape shows no such window."""
+    from ferry.backends._rules import attr
+
+    if not attr(node, "ceil_mode", 0):
+        return True
+    x = node.inputs[0]
+    shape = x.shape if x is not None else None
+    kernel = attr(node, "kernel_shape", ())
+    if shape is None or len(shape) != len(kernel) + 2:
+        return "ceil_mode with an input of unknown shape: a last window could start in the padding"
+    strides = attr(node, "strides", None) or (1,) * len(kernel)
+    dilations = attr(node, "dilations", None) or (1,) * len(kernel)
+    pads = attr(node, "pads", None) or (0,) * (2 * len(kernel))
+    if attr(node, "auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+        return "ceil_mode with auto_pad: a last window could start in the padding"
+    for axis, size in enumerate(shape[2:]):
+        if not isinstance(size, int):
+            return "ceil_mode with a dynamic spatial dim: a last window could start in the padding"
+        begin = pads[axis]
+        span = size + begin + pads[axis + len(kernel)] - ((kernel[axis] - 1) * dilations[axis] + 1)
+        out = -(-span // strides[axis]) + 1  # ceil
+        if (out - 1) * strides[axis] >= size + begin:
+            return "ceil_mode: the last window starts in the padding, which OpenVINO keeps"
+    return True
+
+
+def _engine_decides(problems: Mapping[str, str]) -> Callable[[ir.Node], bool | str]:
+    """For an op no rule names: refused when excluded for a problem, else left to the engine
+    (after the check every node passes: tensors of exchangeable types)."""
+
+    def verdict(node: ir.Node) -> bool | str:
+        full = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+        if full in problems:
+            return f"{full} is not taken: {problems[full]}"
+        return _exchangeable(node)
+
+    return verdict
+
+
 def rules_from_data(data: Iterable[Mapping[str, Any]]) -> tuple[OpRule, ...]:
     """OpRules from the generated table in ``_openvino_rules`` (see its key legend)."""
     rules = []
@@ -419,6 +562,41 @@ def _convert_partially(model: ir.Model) -> tuple[Any, list[tuple[Any, str]]]:
         op_type = str(attrs.get("ONNX_META_type", op.get_type_name()))
         found.append((op, _unconverted_reason(domain, op_type, why)))
     return ov_model, found
+
+
+# "While validating ONNX node '<Node(Loop): name>'": the frontend names the nodes it failed on.
+_FAILED_NODE = re.compile(r"<Node\((?P<op>[^)]*)\): (?P<name>[^>]*)>")
+
+
+def _full_conversion_failures(model: ir.Model) -> dict[str, str]:
+    """The nodes OpenVINO's frontend fails on when it converts ``model`` for real, with why."""
+    frontend = _onnx_frontend()
+    with _frontend_lock, model_source(model) as (data, file):
+        try:
+            frontend.convert(frontend.load(io.BytesIO(data) if data is not None else str(file)))
+        except Exception as e:
+            message = str(e)
+        else:
+            return {}
+    producer = {out.name: node.name for node in model.graph for out in node.outputs if node.name}
+    names = {node.name for node in model.graph}
+    found: dict[str, str] = {}
+    for match in _FAILED_NODE.finditer(message):
+        label = match.group("name").strip()
+        node = label if label in names else producer.get(label)
+        if node is not None:
+            detail = next(
+                (
+                    line.strip()
+                    for line in message.splitlines()[message[: match.start()].count("\n") + 1 :]
+                    if line.strip()
+                ),
+                "",
+            )
+            found[node] = (
+                f"OpenVINO's ONNX frontend fails to convert its {match.group('op')}: {detail[:300]}"
+            )
+    return found
 
 
 def _is_placeholder(op: Any) -> bool:

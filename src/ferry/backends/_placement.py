@@ -13,7 +13,9 @@ Algorithm (ONNX Runtime's ``GetCapability`` and TF-TRT's segmenter):
    inputs.
 2. Shape-computation chains (nodes that depend on run-time data but whose results only end in
    inputs that carry shapes, axes or sizes, e.g. ``Shape -> Gather -> Concat -> Reshape``'s second
-   input) stay on the fallback: engines want those values as constants, not as computations.
+   input) go where their consumers go on an engine that computes shapes itself
+   (``computes_shapes``: OpenVINO), and stay on the fallback for the others (TensorRT wants them
+   as constants, not computations). They never count toward a group's size.
 3. Backend by backend, in priority order, a node is a candidate when it is not in ``force_cpu``,
    not in a shape chain, and the backend is capable of it (``_capability``: its rule table, then
    the engine's own veto).
@@ -53,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 import onnx_ir as ir
 
-from ferry.backends._capability import engine_vetoes, rule_verdicts
+from ferry.backends._capability import engine_capability, engine_vetoes, rule_verdicts
 from ferry.backends._registry import FALLBACK, get_backend, parse_backends
 from ferry.errors import FerryError, InvalidInputError
 from ferry.graph import Dim, dtype_name, load_model, node_reads, prepare, shape_of, subgraphs
@@ -398,13 +400,14 @@ class _Partitioner:
     def _pass(self, backend: Any) -> None:
         """Give ``backend`` the groups of unassigned nodes it takes."""
         name = backend.name
+        computes_shapes = bool(getattr(backend, "computes_shapes", False))
         asked: list[int] = []
         for i in range(len(self.graph.nodes)):
             if self.assigned[i] is not None or self.graph.attached[i]:
                 continue
             if self.forced[i] is not None:
                 why = f"forced onto {self.fallback} by force_cpu entry {self.forced[i]!r}"
-            elif self.shape_chain[i]:
+            elif self.shape_chain[i] and not computes_shapes:
                 why = (
                     "computes a shape (its results only feed shape, axes or size inputs); "
                     f"shape computations stay on {self.fallback}"
@@ -414,7 +417,11 @@ class _Partitioner:
                 continue
             self.reasons[i][name] = why
         names = [self.graph.nodes[i].name or "" for i in asked]
-        verdicts = rule_verdicts(backend, self.model, names)
+        engine_first = self.validate and callable(getattr(backend, "capability", None))
+        if engine_first:  # the engine answers for itself, on the whole model
+            verdicts = engine_capability(backend, self.model, names)
+        else:
+            verdicts = rule_verdicts(backend, self.model, names)
         candidates: set[int] = set()
         for i, node_name in zip(asked, names):
             if verdicts[node_name] is True:
@@ -425,7 +432,7 @@ class _Partitioner:
         if ranked:
             while self._drop_rankless_reads(name, candidates, [candidates]):
                 pass
-        if self.validate and candidates:
+        if self.validate and not engine_first and candidates:
             by_name = {self.graph.nodes[i].name or "": i for i in candidates}
             for node_name, why in engine_vetoes(backend, self.model, sorted(by_name)).items():
                 candidates.discard(by_name[node_name])
@@ -435,7 +442,11 @@ class _Partitioner:
             kept: list[list[int]] = []
             for units in (seg for supported, seg in self._waves(candidates) if supported):
                 members = sorted(i for u in units for i in self.units[u])
-                size = sum(1 for i in members if not _uncounted(self.graph.nodes[i]))
+                size = sum(
+                    1
+                    for i in members
+                    if not _uncounted(self.graph.nodes[i]) and not self.shape_chain[i]
+                )
                 if size < self.min_size and len(members) < everything:
                     why = (
                         f"its group of {len(members)} node(s) on {name} has {size} that compute "

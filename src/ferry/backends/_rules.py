@@ -112,10 +112,14 @@ class OpRule:
 
 
 class RuleTable:
-    """A backend's rules indexed by ``(domain, op_type)``."""
+    """A backend's rules indexed by ``(domain, op_type)``.
 
-    def __init__(self, rules: Iterable[OpRule]) -> None:
+    ``fallback`` answers for ops no rule names (default: not supported).
+    """
+
+    def __init__(self, rules: Iterable[OpRule], fallback: NodeCheck | None = None) -> None:
         self._by_key: dict[tuple[str, str], list[OpRule]] = {}
+        self._fallback = fallback
         for rule in rules:
             self._by_key.setdefault(_normal(rule.domain, rule.op_type), []).append(rule)
 
@@ -130,6 +134,8 @@ class RuleTable:
         """True when some rule accepts ``node``; else why not (the reason of the last rule tried)."""
         rules = self._by_key.get(_normal(node.domain, node.op_type))
         if not rules:
+            if self._fallback is not None:
+                return self._fallback(node)
             return f"{_op_name(node)} is not supported"
         opset = opsets.get(
             node.domain, opsets.get("ai.onnx" if node.domain == "" else node.domain, 1)

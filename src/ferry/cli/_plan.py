@@ -48,7 +48,14 @@ from ferry.cli._common import (
 @click.option(
     "--tolerance",
     metavar="ATOL[,RTOL]",
-    help="Tolerance for --verify and auto (default: by dtype).",
+    help="Element tolerance for --verify (default: by dtype).",
+)
+@click.option(
+    "--accuracy",
+    metavar="BUDGET",
+    help="Judge by an accuracy budget instead of the element tolerance: --verify judges each "
+    "partition, auto each candidate, e.g. cosine=0.9995,top1=0.98 (measures: cosine, top1 or "
+    "argmax, mask@THRESHOLD), or 'default' (cosine=0.999,top1=0.99, which auto uses unless told).",
 )
 @click.option(
     "--min-partition-size",
@@ -83,6 +90,7 @@ def command(
     as_json: bool,
     verify: bool,
     tolerance: str | None,
+    accuracy: str | None,
     min_partition_size: int | None,
     force_cpu: tuple[str, ...],
     budget: float,
@@ -105,6 +113,7 @@ def command(
 
     work = prepare(load_model(model))
     tol = parse_tolerance(tolerance)
+    budget_specs = _budget(accuracy)
     result: dict[str, Any] = {}
     session = load(work)
     feeds, guessed = build_feeds(session, input_files, shapes, seed, random=True)
@@ -144,7 +153,7 @@ def command(
     if verify:
         from ferry.runtime import verify_plan
 
-        checks = verify_plan(work, plan, feeds, tolerance=tol)
+        checks = verify_plan(work, plan, feeds, tolerance=tol, budget=budget_specs)
         result["verify"] = [c.to_dict() for c in checks]
         if not as_json:
             _print_checks(checks)
@@ -160,6 +169,16 @@ def command(
         raise ExecutionError(
             "verification failed: a partition does not match ONNX Runtime (see above)"
         )
+
+
+def _budget(text: str | None) -> list[dict[str, Any]] | None:
+    from ferry.parity import DEFAULT_BUDGET, parse_budget
+
+    if text is None:
+        return None
+    if text.strip() == "default":
+        return [dict(spec) for spec in DEFAULT_BUDGET]
+    return parse_budget(text)
 
 
 def _print_plan(plan: Any, report: Any, explain: bool) -> None:
@@ -244,16 +263,18 @@ def _print_auto(choice: Any) -> None:
 
 
 def _print_checks(checks: list[Any]) -> None:
-    table = Table("#", "backend", "nodes", "max abs err", "ok", "first diverging node", box=None)
+    judged = any(c.accuracy is not None for c in checks)
+    columns = ["#", "backend", "nodes", "max abs err"]
+    columns += ["accuracy"] if judged else []
+    table = Table(*columns, "ok", "first diverging node", box=None)
     for c in checks:
         worst = max((o.max_abs_error for o in c.outputs), default=0.0)
         bad = f"{c.first_bad_node} ({c.first_bad_op})" if c.first_bad_node else (c.error or "")
-        table.add_row(
-            str(c.index),
-            c.backend,
-            str(c.nodes),
-            f"{worst:.3g}" if c.outputs else "-",
-            "yes" if c.passed else "NO",
-            escape(bad),
-        )
+        row = [str(c.index), c.backend, str(c.nodes), f"{worst:.3g}" if c.outputs else "-"]
+        if judged:
+            row.append("-" if c.accuracy is None else f"{c.accuracy.worst:.6g}")
+        table.add_row(*row, "yes" if c.passed else "NO", escape(bad))
     console.print(table)
+    for c in checks:
+        if c.accuracy is not None and not c.accuracy.passed:
+            console.print(f"partition {c.index}: {escape(c.accuracy.summary())}")

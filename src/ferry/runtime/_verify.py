@@ -4,6 +4,11 @@ Each partition runs on its backend with the exact inputs ONNX Runtime computed f
 model; its outputs are compared with ONNX Runtime's. When a partition disagrees, a binary search
 over prefixes of its node list finds the first node whose output diverges (a prefix that holds a
 diverging node diverges too, so the search is sound).
+
+Two measures: the element tolerance (the default; the contract for an fp32 plan that must compute
+what ONNX Runtime computes), or an accuracy budget (``budget=``: the task-level judges of
+:func:`ferry.parity.within_budget`, for reduced precision, quantized kernels and recurrent state
+where engines legitimately round differently).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import onnx_ir as ir
 from ferry.backends import CompileSpec, get_backend
 from ferry.errors import FerryError
 from ferry.graph import infer_value_types
-from ferry.parity import OutputParity, compare_outputs
+from ferry.parity import Budget, BudgetVerdict, OutputParity, compare_outputs, within_budget
 from ferry.plan import Partition, Plan, boundary, cut_partition
 
 __all__ = ["PartitionCheck", "all_values", "verify_plan"]
@@ -39,10 +44,16 @@ class PartitionCheck:
     first_bad_node: str | None = None
     first_bad_op: str | None = None
     error: str | None = None
+    #: The budget's verdict, when the check was made against an accuracy budget.
+    accuracy: BudgetVerdict | None = None
 
     @property
     def passed(self) -> bool:
-        return self.error is None and all(o.passed for o in self.outputs)
+        if self.error is not None:
+            return False
+        if self.accuracy is not None:
+            return self.accuracy.passed
+        return all(o.passed for o in self.outputs)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -54,6 +65,7 @@ class PartitionCheck:
             "first_bad_node": self.first_bad_node,
             "first_bad_op": self.first_bad_op,
             "error": self.error,
+            "accuracy": None if self.accuracy is None else self.accuracy.to_dict(),
         }
 
 
@@ -87,6 +99,7 @@ def verify_plan(
     feeds: Mapping[str, np.ndarray],
     *,
     tolerance: tuple[float, float] | None = None,
+    budget: Budget | None = None,
     options: Mapping[str, Any] | None = None,
     bisect: bool = True,
 ) -> list[PartitionCheck]:
@@ -97,20 +110,43 @@ def verify_plan(
         plan: the plan to check.
         feeds: inputs of the whole model.
         tolerance: (atol, rtol); None picks one per dtype.
+        budget: judge each partition against this accuracy budget instead of the tolerance
+            (:data:`ferry.parity.DEFAULT_BUDGET` and friends; see :func:`~ferry.parity.within_budget`).
         options: options for every backend (threads, ...), merged under each partition's own.
         bisect: look for the first diverging node of a failing partition.
     """
     reference = all_values(model, feeds)
+    measure = _Measure(tolerance, budget)
     checks = []
     for index, partition in enumerate(plan.partitions):
-        check = _check_partition(model, index, partition, reference, tolerance, dict(options or {}))
+        check = _check_partition(model, index, partition, reference, measure, dict(options or {}))
         if not check.passed and bisect and check.error is None and len(partition.nodes) > 1:
-            bad = _bisect(model, partition, reference, tolerance, dict(options or {}))
+            bad = _bisect(model, partition, reference, measure, dict(options or {}))
             if bad is not None:
                 node = next(n for n in model.graph if n.name == bad)
                 check = dataclasses.replace(check, first_bad_node=bad, first_bad_op=node.op_type)
         checks.append(check)
     return checks
+
+
+@dataclasses.dataclass(frozen=True)
+class _Measure:
+    """Tolerance or budget: how a partition's outputs are judged against ONNX Runtime's."""
+
+    tolerance: tuple[float, float] | None
+    budget: Budget | None
+
+    def judge(
+        self, got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]
+    ) -> tuple[tuple[OutputParity, ...], BudgetVerdict | None]:
+        report = compare_outputs(got, want, tolerance=self.tolerance)
+        if self.budget is None:
+            return report.outputs, None
+        return report.outputs, within_budget(got, want, self.budget)
+
+    def passes(self, got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]) -> bool:
+        outputs, verdict = self.judge(got, want)
+        return verdict.passed if verdict is not None else all(o.passed for o in outputs)
 
 
 def _run_partition(
@@ -133,7 +169,7 @@ def _check_partition(
     index: int,
     partition: Partition,
     reference: Mapping[str, np.ndarray],
-    tolerance: tuple[float, float] | None,
+    measure: _Measure,
     options: dict[str, Any],
 ) -> PartitionCheck:
     try:
@@ -141,8 +177,8 @@ def _check_partition(
     except FerryError as e:
         return PartitionCheck(index, partition.backend, len(partition.nodes), (), error=str(e))
     want = {name: reference[name] for name in partition.outputs}
-    report = compare_outputs(got, want, tolerance=tolerance)
-    return PartitionCheck(index, partition.backend, len(partition.nodes), report.outputs)
+    outputs, verdict = measure.judge(got, want)
+    return PartitionCheck(index, partition.backend, len(partition.nodes), outputs, accuracy=verdict)
 
 
 def _prefix(
@@ -167,7 +203,7 @@ def _bisect(
     model: ir.Model,
     partition: Partition,
     reference: Mapping[str, np.ndarray],
-    tolerance: tuple[float, float] | None,
+    measure: _Measure,
     options: dict[str, Any],
 ) -> str | None:
     def diverges(count: int) -> bool:
@@ -178,7 +214,7 @@ def _bisect(
             return True
         want = {name: reference[name] for name in cut.outputs if name in reference}
         got = {name: got[name] for name in want}
-        return not compare_outputs(got, want, tolerance=tolerance).passed
+        return not measure.passes(got, want)
 
     low, high = 1, len(partition.nodes)  # the whole partition diverges
     if not diverges(high):

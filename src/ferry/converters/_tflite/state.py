@@ -27,6 +27,7 @@ import dataclasses
 
 import numpy as np
 
+from ferry._state_names import STATE_INPUT_PREFIX, STATE_OUTPUT_PREFIX
 from ferry.formats import TFLITE_DTYPES, TFLiteModel, TFLiteSubgraph
 
 __all__ = [
@@ -40,10 +41,6 @@ __all__ = [
 
 #: The ops that handle resource variables; none is left in the converted graph.
 STATE_OPS = frozenset({"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "CALL_ONCE"})
-#: Graph inputs holding a variable's value at the start of a call: ``state:<variable>``.
-STATE_INPUT_PREFIX = "state:"
-#: Graph outputs holding a variable's value at the end of a call: ``state_out:<variable>``.
-STATE_OUTPUT_PREFIX = "state_out:"
 
 
 @dataclasses.dataclass
