@@ -86,7 +86,9 @@ class Backend(Protocol):
         nodes) -> {node: True | reason}``: placement then takes its answer instead of the rules
         plus this veto (OpenVINO does). Optional flags placement reads: ``ranked_inputs`` (no
         input of unknown rank may come from another engine) and ``computes_shapes`` (shape
-        subgraphs may go with their consumers onto it).
+        subgraphs may go with their consumers onto it). ``simulated = True`` marks an adapter
+        that only imitates hardware (the example NPU adapter): ``backends="auto"`` never
+        considers it unless named.
         """
         ...
 
