@@ -38,6 +38,7 @@ __all__ = [
     "dtype_name",
     "graph_inputs",
     "infer_value_types",
+    "inference_proto",
     "load_model",
     "model_source_path",
     "named_subgraphs",
@@ -514,12 +515,10 @@ def infer_value_types(model: ir.Model) -> dict[str, tuple[str | None, tuple[Dim,
 _INFERENCE_WEIGHT_LIMIT = 1024
 
 
-def _inferred_value_infos(model: ir.Model) -> onnx.ModelProto | None:
-    """ONNX shape inference's result on ``model`` with its large weights left out, or None.
-
-    The proto is made from a view of the graph in which weights above the limit are typed inputs
-    instead of initializers; the model itself is not changed.
-    """
+def inference_proto(model: ir.Model) -> onnx.ModelProto:
+    """``model`` as a proto for shape inference: weights above the limit are typed inputs instead
+    of initializers (shapes never depend on their values, and no large tensor is copied). The
+    model itself is not changed, beyond giving weights the type their tensor has."""
     graph = model.graph
     small: list[ir.Value] = []
     large: list[ir.Value] = []
@@ -546,8 +545,13 @@ def _inferred_value_infos(model: ir.Model) -> onnx.ModelProto | None:
         ir_version=max(model.ir_version, 4),
         functions=list(model.functions.values()),
     )
+    return ir.to_proto(shell)
+
+
+def _inferred_value_infos(model: ir.Model) -> onnx.ModelProto | None:
+    """ONNX shape inference's result on ``model`` (see :func:`inference_proto`), or None."""
     try:
-        proto = ir.to_proto(shell)
+        proto = inference_proto(model)
         return onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
     except Exception as e:  # onnx raises a zoo of types; inference is best effort here
         logger.info("shape inference failed, shapes stay as declared: %s", e)

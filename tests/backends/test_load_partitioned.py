@@ -162,11 +162,76 @@ NAMES = ["digits_cnn", "mobilenet_v2", "transformer_block", "detector"]
 @pytest.mark.parametrize("name", NAMES)
 def test_openvino_then_onnxruntime(models: dict[str, ir.Model], name: str) -> None:
     model = models[name]
-    session = ferry.load(model, backends=["openvino", "onnxruntime"], cache_dir=False)
+    # The split runs as placed (whether it pays is checked below): this tests running it.
+    session = ferry.load(
+        model, backends=["openvino", "onnxruntime"], cache_dir=False, check_split=False
+    )
     assert "openvino" in session.plan.backends  # the engine really took part of the graph
     for batch in (1, 3):
         feeds = feeds_for(name, batch)
         assert_matches(session.run(feeds), ort_outputs(model, feeds))
+
+
+def _timed(split_ms: float, alone_ms: float) -> Any:
+    """A stand-in for auto's block timer giving the split and ONNX Runtime alone these times."""
+
+    def time_in_blocks(runs: list[Any], feeds: Any, budget_s: float) -> None:
+        for candidate, session in runs:
+            session.run(dict(feeds))  # both really run
+            candidate.latency_ms = split_ms if candidate.label == "split" else alone_ms
+
+    return time_in_blocks
+
+
+@needs_openvino
+@pytest.mark.parametrize(("split_ms", "alone_ms", "kept"), [(9.0, 4.0, False), (3.0, 4.0, True)])
+def test_a_split_runs_only_where_it_pays(
+    models: dict[str, ir.Model],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Any,
+    caplog: pytest.LogCaptureFixture,
+    split_ms: float,
+    alone_ms: float,
+    kept: bool,
+) -> None:
+    from ferry.runtime import _auto
+
+    monkeypatch.setenv("FERRY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_auto, "time_in_blocks", _timed(split_ms, alone_ms))
+    model = models["detector"]  # OpenVINO refuses its NonMaxSuppression: two partitions
+    session = ferry.load(model, backends="openvino,onnxruntime", cache_dir=False)
+    split = len(session.plan.partitions) > 1 and "openvino" in session.plan.backends
+    assert split == kept
+    if not kept:
+        assert "running ONNX Runtime alone" in caplog.text and "9 ms" in caplog.text
+    feeds = feeds_for("detector", 1)
+    assert_matches(session.run(feeds), ort_outputs(model, feeds))
+    # The verdict is cached: the next load does not time again.
+    monkeypatch.setattr(_auto, "time_in_blocks", _timed(alone_ms, split_ms))
+    again = ferry.load(model, backends="openvino,onnxruntime", cache_dir=False)
+    assert again.plan == session.plan
+    # Named alone, the engine runs what it can and is not second-guessed.
+    alone = ferry.load(model, backends="openvino", cache_dir=False)
+    assert "openvino" in alone.plan.backends
+
+
+@needs_openvino
+def test_a_split_at_unknown_sizes_is_kept_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from ferry.runtime import _auto
+
+    monkeypatch.setenv("FERRY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_auto, "time_in_blocks", _timed(9.0, 4.0))
+    model = tiny_detector()
+    model.graph.inputs[0].shape = ir.Shape(["batch", 3, "h", "w"])
+    session = ferry.load(model, backends="openvino,onnxruntime", cache_dir=False)
+    assert "openvino" in session.plan.backends
+    assert "not checked whether the split plan" in caplog.text and "shapes=" in caplog.text
+    sized = ferry.load(
+        model, backends="openvino,onnxruntime", cache_dir=False, shapes={"image": (1, 3, 32, 32)}
+    )
+    assert sized.plan.backends == ["onnxruntime"]
 
 
 @needs_openvino
@@ -219,7 +284,7 @@ def test_auto_runs_the_choice_correctly_and_caches_it(
     assert second.plan == first.plan
 
 
-def _no_candidates(*args: object) -> list[object]:
+def _no_candidates(*args: object, **kwargs: object) -> list[object]:
     raise AssertionError("auto measured again instead of using its cached choice")
 
 

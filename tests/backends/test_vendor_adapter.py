@@ -1,6 +1,8 @@
-"""A vendor adapter shipped as its own package (``examples/vendor_adapter``, installed into the test
-environment by ``scripts/setup.sh``) is found through the ``ferry.backends`` entry point and takes
-exactly the nodes its rules and its SDK's veto allow."""
+"""A vendor adapter shipped as its own package (``examples/vendor_adapter``) is found through the
+``ferry.backends`` entry point and takes exactly the nodes its rules and its SDK's veto allow.
+
+The adapter is an example, never installed into the environment: the ``acme_npu`` fixture
+(``tests/conftest.py``) registers it for each test, as installing it would."""
 
 from __future__ import annotations
 
@@ -17,22 +19,25 @@ from ferry.backends import ENTRY_POINT_GROUP, explain, get_backend, known_backen
 
 pytestmark = pytest.mark.torch
 
-try:
-    importlib.metadata.distribution("ferry-acme-npu")
-except importlib.metadata.PackageNotFoundError:  # pragma: no cover - setup.sh installs it
-    pytest.skip(
-        "the example adapter is not installed: pip install -e examples/vendor_adapter",
-        allow_module_level=True,
-    )
 
-
-def test_the_entry_point_registers_the_adapter() -> None:
+def test_the_entry_point_registers_the_adapter(acme_npu: str) -> None:
     points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
     assert "acme_npu" in {ep.name for ep in points}
     assert "acme_npu" in known_backends()
     backend = get_backend("acme_npu")
     assert type(backend).__module__ == "ferry_acme_npu"  # ferry's own code knows nothing of it
     assert backend.device == "npu" and backend.available()
+    assert getattr(backend, "simulated", False) is True  # so backends="auto" never picks it
+
+
+def test_the_adapter_is_not_installed() -> None:
+    """Outside the fixture nothing knows of it: an example is no part of a user's environment."""
+    assert "acme_npu" not in known_backends(), (
+        "the example adapter is installed here (pip uninstall ferry-acme-npu); "
+        "scripts/setup.sh must not install it"
+    )
+    with pytest.raises(importlib.metadata.PackageNotFoundError):
+        importlib.metadata.distribution("ferry-acme-npu")
 
 
 def ort_outputs(model: ir.Model, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -43,7 +48,9 @@ def ort_outputs(model: ir.Model, feeds: dict[str, np.ndarray]) -> list[np.ndarra
 
 
 @pytest.mark.parametrize("name", ["digits_cnn", "mobilenet_v2"])
-def test_partitioned_by_rules_and_veto_and_correct(name: str, tmp_path: Path) -> None:
+def test_partitioned_by_rules_and_veto_and_correct(
+    name: str, tmp_path: Path, acme_npu: str
+) -> None:
     from ferry import zoo
 
     model = zoo.build(name)

@@ -361,12 +361,12 @@ def test_plot(tmp_path: Path, local_results: tuple[Path, dict[str, Any]], monkey
 @pytest.fixture
 def heavy_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A model ONNX Runtime takes ~50 us on, and the made-up engines ``close`` and ``wrong`` that
-    answer it from a cache in ~2 us (bench_fakes)."""
-    import bench_fakes
+    answer it from a cache in ~2 us (fake_engines)."""
+    import fake_engines
 
-    bench_fakes.register(monkeypatch)
+    fake_engines.register(monkeypatch)
     path = tmp_path / "heavy.onnx"
-    onnx.save(bench_fakes.heavy_model(), path)
+    onnx.save(fake_engines.heavy_model(), path)
     return path
 
 
@@ -442,14 +442,14 @@ def test_strict_budget_leaves_the_baseline_the_fastest_within_it(heavy_path: Pat
 def test_a_configuration_that_fails_to_run_is_not_judged(
     heavy_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import bench_fakes
+    import fake_engines
 
     def broken(y: np.ndarray) -> np.ndarray:
         raise RuntimeError("the made-up engine fell over")
 
     from ferry.backends import _registry
 
-    monkeypatch.setitem(_registry._instances, "close", bench_fakes.FakeEngine("close", broken))
+    monkeypatch.setitem(_registry._instances, "close", fake_engines.FakeEngine("close", broken))
     results = run_bench(heavy_path, BenchSpec(backends=("close",), iterations=5, isolate=False))
     row = _by_label(results, 1)["close fp32"]
     assert "fell over" in row["error"] and row["accuracy"] is None

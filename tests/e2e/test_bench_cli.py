@@ -221,11 +221,11 @@ def heavy_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """tests/bench's made-up engines (``close``: within the default budget, just outside
     ``cosine=1``; ``wrong``: outside any), both far faster than ONNX Runtime on this model."""
     monkeypatch.syspath_prepend(Path(__file__).resolve().parents[1] / "bench")
-    import bench_fakes
+    import fake_engines
 
-    bench_fakes.register(monkeypatch)
+    fake_engines.register(monkeypatch)
     path = tmp_path / "heavy.onnx"
-    onnx.save(bench_fakes.heavy_model(), path)
+    onnx.save(fake_engines.heavy_model(), path)
     return path
 
 

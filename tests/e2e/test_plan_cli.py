@@ -106,7 +106,7 @@ def test_plain_ort_plan_text_and_json(mlp_file: Path) -> None:
     )
     assert data["boundary_bytes"] == 0
     code, out, _ = ferry_cli("plan", mlp_file, "--explain")
-    assert code == 0 and "runs on" in out and "0 tensor(s) cross engines" in out
+    assert code == 0 and "runs on" in out and "1 partition, 1 engine call" in out
 
 
 def test_explain_json_gives_every_node_a_verdict_and_boundaries(
@@ -127,14 +127,15 @@ def test_explain_json_gives_every_node_a_verdict_and_boundaries(
     assert [p["backend"] for p in data["plan"]["partitions"]] == [
         "wrongrelu", "onnxruntime", "wrongrelu"
     ]  # fmt: skip
-    assert data["boundary_bytes"] is None  # the batch is symbolic: bytes depend on the input
+    # The batch is symbolic; the bytes are those at the inputs used (generated: batch 1).
+    assert data["boundary_bytes"] == 48 and data["cost"]["shapes"]["x"][0] == 1
 
     code, out, _ = ferry_cli(
         "plan", mlp_file, "--backends", "wrongrelu", "--force-cpu", "fc2", "--explain",
         "--min-partition-size", "1",
     )  # fmt: skip
     assert code == 0
-    for text in ("runs on", "force_cpu", "tensor(s) cross engines"):
+    for text in ("runs on", "force_cpu", "3 partitions, 3 engine calls"):
         assert text in out
 
 
@@ -196,3 +197,41 @@ def test_user_errors_are_one_line(mlp_file: Path, args: list[str], message: str)
     code, _, err = ferry_cli("plan", mlp_file, *args)
     assert code == 2
     assert message in err and "Traceback" not in err
+
+
+def _image_model(folder: Path) -> Path:
+    """x[batch, 3, h, w] -> Conv -> Relu: sizes only the user knows."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, "h", "w"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    w = numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [x], [y], [w])
+    folder.mkdir()
+    path = folder / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_auto_asks_for_sizes_then_measures_at_them(tmp_path: Path) -> None:
+    path = _image_model(tmp_path / "artifact")
+    code, _, err = ferry_cli("plan", path, "--backends", "auto", "--budget", "0.2")
+    assert code == 2 and "x dims 2, 3" in err and "--shape" in err and "Traceback" not in err
+    code, out, err = ferry_cli(
+        "plan", path, "--backends", "auto", "--budget", "0.2", "--shape", "x=1,3,64,48", "--json"
+    )
+    assert code == 0, err
+    assert json.loads(out)["auto"]["inputs"] == {"x": [1, 3, 64, 48]}
+    # Sizes saved in the artifact are used when none are given.
+    (path.parent / "ferry.json").write_text(json.dumps({"shapes": {"x": [1, 3, 32, 40]}}))
+    code, out, err = ferry_cli("plan", path.parent, "--backends", "auto", "--budget", "0.2")
+    assert code == 0, err
+    assert "measured on random data at x=1x3x32x40" in out and "--remeasure" not in out
+    code, out, _ = ferry_cli("plan", path.parent, "--backends", "auto", "--budget", "0.2")
+    assert "cached choice" in out and "--remeasure" in out
+    code, out, _ = ferry_cli(
+        "plan", path.parent, "--backends", "auto", "--budget", "0.2", "--remeasure", "--exact"
+    )
+    assert code == 0 and "cached choice" not in out
+    assert "bf16" not in out  # --exact: fp32 candidates only

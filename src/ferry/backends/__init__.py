@@ -6,7 +6,8 @@ the helpers rule checks are written with), and the registry. Backends are found 
 built-in ``onnxruntime``, ``openvino`` and ``tensorrt``, imported on first use, and third-party ones
 registered in the ``ferry.backends`` entry-point group.
 
-Placement (:func:`place`, :func:`explain`) decides which backend runs which nodes; it only decides:
+Placement (:func:`place`, :func:`explain`) decides which backend runs which nodes, and
+:meth:`PlacementReport.cost` counts what the split costs per run; placement only decides:
 lowering and compiling belong to ``ferry.runtime``.
 """
 
@@ -16,10 +17,15 @@ from ferry.backends._api import Backend, CompiledPartition, CompileSpec
 from ferry.backends._base import COMMON_OPTIONS, BackendBase, check_options
 from ferry.backends._placement import (
     DEFAULT_MIN_PARTITION_SIZE,
+    LARGE_BOUNDARY_BYTES,
+    LARGE_BOUNDARY_RATIO,
+    MANY_PARTITIONS,
     SHAPE_INPUTS,
     UNCOUNTED_OPS,
     BoundaryTensor,
+    EngineUse,
     NodeVerdict,
+    PlacementCost,
     PlacementReport,
     explain,
     place,
@@ -56,6 +62,9 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "FALLBACK",
     "FLOAT_TYPES",
+    "LARGE_BOUNDARY_BYTES",
+    "LARGE_BOUNDARY_RATIO",
+    "MANY_PARTITIONS",
     "SHAPE_INPUTS",
     "UNCOUNTED_OPS",
     "Backend",
@@ -63,9 +72,11 @@ __all__ = [
     "BoundaryTensor",
     "CompileSpec",
     "CompiledPartition",
+    "EngineUse",
     "NodeCheck",
     "NodeVerdict",
     "OpRule",
+    "PlacementCost",
     "PlacementReport",
     "RuleTable",
     "all_checks",

@@ -501,7 +501,12 @@ def _plan(target: Target, named: ir.Model, spec: BenchSpec, feeds: dict[str, np.
     try:
         if target.backend == _AUTO:
             made = make_plan(
-                named, _AUTO, threads=spec.threads, feeds=feeds, budget_s=_AUTO_BUDGET_S
+                named,
+                _AUTO,
+                threads=spec.threads,
+                feeds=feeds,
+                accuracy=spec.accuracy,
+                budget_s=_AUTO_BUDGET_S,
             )
         else:
             made = make_plan(

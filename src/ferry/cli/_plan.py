@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import numpy as np
 from rich.markup import escape
 from rich.table import Table
 
@@ -16,6 +17,7 @@ from ferry.cli._common import (
     model_argument,
     parse_tolerance,
     run_feeds,
+    split_pairs,
     write_json,
 )
 
@@ -27,7 +29,9 @@ from ferry.cli._common import (
     default="onnxruntime",
     show_default=True,
     metavar="NAMES|auto",
-    help="Engines in priority order, comma-separated; 'auto' measures candidates and picks the fastest correct one.",
+    help="Engines in priority order, comma-separated; 'auto' measures each engine at each "
+    "precision (and their split plans) at the sizes you give and picks the fastest within the "
+    "accuracy budget.",
 )
 @click.option(
     "--explain",
@@ -76,6 +80,12 @@ from ferry.cli._common import (
     show_default=True,
     help="Seconds auto spends timing candidates.",
 )
+@click.option("--exact", is_flag=True, help="auto: consider fp32 configurations only.")
+@click.option(
+    "--remeasure",
+    is_flag=True,
+    help="auto: measure again, ignoring (and replacing) the cached choice.",
+)
 @click.option(
     "-o",
     "--output",
@@ -94,6 +104,8 @@ def command(
     min_partition_size: int | None,
     force_cpu: tuple[str, ...],
     budget: float,
+    exact: bool,
+    remeasure: bool,
     output: Path | None,
     input_files: tuple[str, ...],
     shapes: tuple[str, ...],
@@ -105,7 +117,7 @@ def command(
     Examples:
       ferry plan model.onnx --backends openvino,onnxruntime --explain
       ferry plan model.onnx --backends openvino --force-cpu Softmax --verify
-      ferry plan model.onnx --backends auto -o plan.json
+      ferry plan model.onnx --backends auto --shape x=1,3,640,640 -o plan.json
     """
     from ferry.backends import DEFAULT_MIN_PARTITION_SIZE
     from ferry.graph import load_model, prepare
@@ -116,15 +128,29 @@ def command(
     budget_specs = _budget(accuracy)
     result: dict[str, Any] = {}
     session = load(work)
-    feeds, guessed = build_feeds(session, input_files, shapes, seed, random=True)
-    run_feeds(session, feeds, guessed)  # fail here, saying which sizes to give, not mid-plan
+    auto = backends.strip() == "auto"
+    if tolerance is not None and not verify:
+        raise click.UsageError("--tolerance is for --verify (auto judges by --accuracy)")
+    if accuracy is not None and not (verify or auto):
+        raise click.UsageError("--accuracy is for --verify and --backends auto")
+    auto_shapes = None
+    if auto:
+        feeds, auto_shapes = _auto_inputs(session, model, input_files, shapes, seed)
+    else:
+        if exact or remeasure:
+            raise click.UsageError("--exact and --remeasure are for --backends auto")
+        feeds, guessed = build_feeds(session, input_files, shapes, seed, random=True)
+        run_feeds(session, feeds, guessed)  # fail here, saying which sizes to give, not mid-plan
     made = make_plan(
         work,
         backends,
         force_cpu=force_cpu,
         min_partition_size=min_partition_size or DEFAULT_MIN_PARTITION_SIZE,
-        feeds=feeds,
-        tolerance=tol,
+        feeds=feeds if auto_shapes is None else None,
+        shapes=auto_shapes,
+        accuracy=budget_specs,
+        exact=exact,
+        remeasure=remeasure,
         budget_s=budget,
         explain_placement=True,
     )
@@ -134,8 +160,11 @@ def command(
         if not as_json:
             _print_auto(made.auto)
     result["plan"] = plan.to_dict()
+    cost = None
     if report is not None:
-        result["boundary_bytes"] = report.boundary_bytes
+        cost = report.cost({name: list(np.shape(a)) for name, a in feeds.items()})
+        result["boundary_bytes"] = cost.boundary_bytes
+        result["cost"] = cost.to_dict()
         if explain:
             result["nodes"] = [
                 {
@@ -149,7 +178,7 @@ def command(
                 for v in report.nodes
             ]
     if not as_json:
-        _print_plan(plan, report, explain)
+        _print_plan(plan, report, cost, explain)
     if verify:
         from ferry.runtime import verify_plan
 
@@ -171,6 +200,30 @@ def command(
         )
 
 
+def _auto_inputs(
+    session: Any, model: Path, input_files: tuple[str, ...], shapes: tuple[str, ...], seed: int
+) -> tuple[dict[str, Any], dict[str, tuple[int, ...]] | None]:
+    """What auto measures at: the ``--input`` files (random data at the ``--shape`` sizes for
+    inputs without one), or, given no files, the sizes: ``--shape``, else those saved in the
+    artifact, else the model's fixed sizes (an error naming the dims to give when some are
+    symbolic). Returns the feeds (for --verify too) and the sizes when no file was given."""
+    from ferry.graph import resolve_model_file
+    from ferry.runtime import artifact_shapes, load_npy, parse_shape, timing_feeds
+
+    files = split_pairs(input_files, "--input")
+    names = {s.name for s in session.inputs}
+    unknown = sorted(set(files) - names)
+    if unknown:
+        raise click.UsageError(f"--input names unknown input {', '.join(map(repr, unknown))}")
+    feeds = {name: load_npy(path, name) for name, path in files.items()}
+    sizes = {k: parse_shape(v) for k, v in split_pairs(shapes, "--shape").items()}
+    if not feeds and not sizes:
+        sizes = dict(artifact_shapes(resolve_model_file(model)) or {})
+    rest = [s for s in session.inputs if s.name not in feeds]
+    feeds.update(timing_feeds(rest, {k: v for k, v in sizes.items() if k not in feeds}, seed=seed))
+    return feeds, (None if files else sizes)
+
+
 def _budget(text: str | None) -> list[dict[str, Any]] | None:
     from ferry.parity import DEFAULT_BUDGET, parse_budget
 
@@ -181,7 +234,7 @@ def _budget(text: str | None) -> list[dict[str, Any]] | None:
     return parse_budget(text)
 
 
-def _print_plan(plan: Any, report: Any, explain: bool) -> None:
+def _print_plan(plan: Any, report: Any, cost: Any, explain: bool) -> None:
     table = Table("#", "backend", "nodes", "ops", "inputs", "outputs", box=None)
     for index, p in enumerate(plan.partitions):
         ops = _op_summary(report, p) if report is not None else ""
@@ -194,10 +247,11 @@ def _print_plan(plan: Any, report: Any, explain: bool) -> None:
             escape(_names(p.outputs)),
         )
     console.print(table)
-    if report is not None:
-        total = report.boundary_bytes
-        size = "dynamic (depends on input shapes)" if total is None else f"{total:,} bytes"
-        console.print(f"{len(report.boundaries)} tensor(s) cross engines per run: {size}")
+    if cost is not None:
+        at = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in cost.shapes.items())
+        console.print(f"cost: {escape(cost.summary())}" + (f" at {escape(at)}" if at else ""))
+        for warning in cost.warnings:
+            console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     if explain and report is not None:
         nodes = Table("node", "op", "runs on", "why not elsewhere", box=None)
         for v in report.nodes:
@@ -227,39 +281,49 @@ def _names(names: tuple[str, ...], limit: int = 3) -> str:
 
 
 def _print_auto(choice: Any) -> None:
-    if choice.from_cache:
-        console.print(f"auto: {choice.label} (cached choice for this model and machine)")
-        return
-    base = next(
-        (c for c in choice.candidates if c.label == "onnxruntime fp32" and not c.error), None
-    )
+    at = ", ".join(f"{name}={'x'.join(map(str, dims))}" for name, dims in choice.inputs.items())
     table = Table(
-        "candidate",
-        "partitions",
-        "load s",
-        "latency ms",
-        "vs ORT fp32",
-        "max abs err",
-        "correct",
-        "",
-        box=None,
+        "candidate", "partitions", "latency ms", "speedup", "accuracy", "ok", "", box=None
     )
-    for c in choice.candidates:
-        ratio = f"{c.latency_ms / base.latency_ms:.2f}" if base and not c.error else "-"
+    for row in choice.table:
+        accuracy = row["accuracy"]
         table.add_row(
-            escape(c.label),
-            str(len(c.plan.partitions)),
-            f"{c.load_s:.2f}",
-            "-" if c.error else f"{c.latency_ms:.3f}",
-            ratio,
-            "-" if c.max_abs_error is None else f"{c.max_abs_error:.2g}",
-            "error" if c.error else ("yes" if c.passed else "no"),
-            "<- chosen" if c.label == choice.label else "",
+            escape(row["label"]),
+            str(row["partitions"]),
+            "-" if row["latency_ms"] is None else f"{row['latency_ms']:.3f}",
+            "-" if row["speedup"] is None else f"{row['speedup']:.2f}x",
+            "-" if accuracy is None else f"{accuracy['worst']:.6g}",
+            "error" if row["error"] else ("yes" if row["passed"] else "NO"),
+            "<- chosen" if row["label"] == choice.label else "",
         )
+    how = "cached choice, measured" if choice.from_cache else "measured"
+    if choice.random_inputs:
+        how += " on random data"
+    console.print(
+        f"auto: {how} at {escape(at) or 'no inputs'}; speedup vs ONNX Runtime fp32, "
+        "accuracy: the worst judge score against it"
+    )
     console.print(table)
-    for c in choice.candidates:
-        if c.error:
-            console.print(f"{escape(c.label)}: {escape(c.error)}")
+    for row in choice.table:
+        if row["error"]:
+            console.print(f"{escape(row['label'])}: {escape(row['error'])}")
+        elif row["accuracy"] is not None and not row["accuracy"]["passed"]:
+            failed = [j for j in row["accuracy"]["judgements"] if not j["passed"]]
+            why = "; ".join(f"{j['output']}: {j['detail']}" for j in failed)
+            console.print(f"{escape(row['label'])}: outside the accuracy budget: {escape(why)}")
+    if choice.random_inputs:
+        console.print(
+            "auto: judged on random data, which says little about reduced precisions on real "
+            "inputs: give real ones with --input NAME=FILE.npy"
+        )
+    if choice.cache_path is not None:
+        hint = " (--remeasure to measure again)" if choice.from_cache else ""
+        console.print(
+            f"auto: chose {escape(choice.label)}; table saved in "
+            f"{escape(str(choice.cache_path))}{hint}"
+        )
+    else:
+        console.print(f"auto: chose {escape(choice.label)}")
 
 
 def _print_checks(checks: list[Any]) -> None:

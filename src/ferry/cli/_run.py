@@ -18,6 +18,7 @@ from ferry.cli._common import (
     model_argument,
     run_feeds,
     session_options,
+    split_pairs,
 )
 
 
@@ -54,8 +55,13 @@ def command(
       ferry run model.onnx --random --backends openvino --precision bf16
     """
     import ferry
+    from ferry.runtime import parse_shape
 
-    session = ferry.load(model, backends=backends, threads=threads, precision=precision)
+    # --shape also sizes the check that a split across engines beats ONNX Runtime alone.
+    sizes = {k: parse_shape(v) for k, v in split_pairs(shapes, "--shape").items()}
+    session = ferry.load(
+        model, backends=backends, threads=threads, precision=precision, shapes=sizes or None
+    )
     feeds, guessed = build_feeds(session, input_files, shapes, seed, random=random_inputs)
     outputs = run_feeds(session, feeds, guessed)
     table = Table(

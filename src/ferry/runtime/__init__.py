@@ -6,7 +6,14 @@ Session that runs it, ``auto``'s measured choice of plan, and checking a plan pa
 
 from __future__ import annotations
 
-from ferry.runtime._auto import AutoChoice, Candidate, auto_plan, machine_fingerprint
+from ferry.runtime._auto import (
+    AutoChoice,
+    Candidate,
+    artifact_shapes,
+    auto_plan,
+    machine_fingerprint,
+    timing_feeds,
+)
 from ferry.runtime._cache import (
     DEFAULT_MAX_BYTES,
     CacheEntry,
@@ -51,6 +58,7 @@ __all__ = [
     "Session",
     "TensorSpec",
     "all_values",
+    "artifact_shapes",
     "auto_plan",
     "compile_partition",
     "concrete_shape",
@@ -68,6 +76,7 @@ __all__ = [
     "random_feeds",
     "resolve_cache",
     "spec_of",
+    "timing_feeds",
     "verify_plan",
     "with_precision",
 ]

@@ -1,10 +1,23 @@
-"""``backends="auto"``: measure candidate plans on this machine and keep the fastest correct one.
+"""``backends="auto"``: measure candidate plans at the sizes the model will run, keep the fastest
+one within an accuracy budget.
 
-Candidates: each available engine alone at each precision it offers (what it cannot run falls back
-to ONNX Runtime), plus the partitioned plan of all available engines together. Each is compiled,
-checked against plain ONNX Runtime fp32 on the same inputs, and timed in alternating blocks of calls
-(one engine's spinning worker threads would otherwise slow the next engine's call). The fastest
-candidate within the tolerance wins; the choice is cached per model and machine.
+Candidates: plain ONNX Runtime fp32 (the baseline and the reference), each available engine at
+each precision it offers (what it refuses falls back to ONNX Runtime, so an engine that takes part
+of the model is a split plan), and the placement of all engines together. Simulated adapters
+(``simulated = True``) are left out unless named.
+
+Where it measures: at the inputs given (``feeds``), else at random inputs of the shapes given,
+else of the model's static shapes. A symbolic first dim (the batch, as a rule) may default to 1;
+any other symbolic dim without a size is an error asking for it: a 640x640 detector timed at a
+few pixels says nothing about the detector.
+
+How it judges: each candidate runs once on the inputs and is judged against the baseline's
+outputs with :func:`ferry.parity.within_budget` (default :data:`ferry.parity.DEFAULT_BUDGET`:
+cosine >= 0.999 and argmax agreement >= 99%). Then all run in alternating blocks of calls (one
+engine's spinning worker threads would otherwise slow the next engine's call). The fastest within
+budget wins; among those within :data:`TIE` of it, the baseline, then fp32, then the fewest
+partitions (equal speed is not worth a lower precision or a boundary). The choice and the table are
+cached per model, input sizes, budget, precision and machine.
 """
 
 from __future__ import annotations
@@ -25,38 +38,71 @@ import numpy as np
 import onnx_ir as ir
 
 from ferry.backends import FALLBACK, get_backend, known_backends, place
-from ferry.errors import FerryError
+from ferry.errors import FerryError, InvalidInputError
 from ferry.graph import atomic_path
-from ferry.parity import compare_outputs
+from ferry.parity import DEFAULT_BUDGET, Budget, BudgetVerdict, within_budget
 from ferry.plan import Plan
+from ferry.runtime._feeds import random_feeds
+from ferry.runtime._specs import TensorSpec
 
-__all__ = ["AutoChoice", "Candidate", "auto_plan", "machine_fingerprint"]
+__all__ = [
+    "TIE",
+    "AutoChoice",
+    "Candidate",
+    "artifact_shapes",
+    "auto_plan",
+    "machine_fingerprint",
+    "timing_feeds",
+]
 
 logger = logging.getLogger(__name__)
 
+#: Calls per timed block.
 _BLOCK = 5
+#: Candidates within this fraction of the fastest count as equally fast (timing noise on a quiet
+#: machine is 1-2%).
+TIE = 0.03
+_BASELINE = f"{FALLBACK} fp32"
 
 
 @dataclasses.dataclass
 class Candidate:
-    """One configuration tried, and how it did."""
+    """One configuration tried, and how it did.
+
+    Attributes:
+        label: engine(s) and precision, e.g. ``"openvino bf16"``.
+        plan: the plan measured.
+        precision: the precision its engines ran in.
+        load_s: compile time.
+        latency_ms: median per call over the timed blocks (inf when it failed).
+        accuracy: its outputs against ONNX Runtime fp32's (None when it failed).
+        error: why it could not be measured.
+    """
 
     label: str
     plan: Plan
+    precision: str = "fp32"
     load_s: float = 0.0
     latency_ms: float = float("inf")
-    max_abs_error: float | None = None
-    passed: bool = False
+    accuracy: BudgetVerdict | None = None
     error: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    @property
+    def passed(self) -> bool:
+        """Measured and within the accuracy budget."""
+        return self.error is None and self.accuracy is not None and self.accuracy.passed
+
+    def to_dict(self, baseline_ms: float | None = None) -> dict[str, Any]:
+        measured = self.error is None and np.isfinite(self.latency_ms)
         return {
             "label": self.label,
+            "precision": self.precision,
             "partitions": len(self.plan.partitions),
             "backends": self.plan.backends,
-            "load_s": self.load_s,
-            "latency_ms": None if self.error else self.latency_ms,
-            "max_abs_error": self.max_abs_error,
+            "load_s": round(self.load_s, 4),
+            "latency_ms": self.latency_ms if measured else None,
+            "speedup": baseline_ms / self.latency_ms if measured and baseline_ms else None,
+            "accuracy": None if self.accuracy is None else self.accuracy.to_dict(),
             "passed": self.passed,
             "error": self.error,
         }
@@ -64,19 +110,37 @@ class Candidate:
 
 @dataclasses.dataclass
 class AutoChoice:
-    """The plan chosen, the table measured (empty when it came from the cache)."""
+    """The plan chosen and the table measured.
+
+    Attributes:
+        plan: the plan chosen.
+        label: its candidate's label.
+        candidates: the candidates measured (empty when the choice came from the cache).
+        table: one row per candidate (``Candidate.to_dict``), also when read from the cache.
+        inputs: the input shapes it measured at.
+        random_inputs: it measured and judged on random data (no inputs were given), which says
+            little about a reduced precision's accuracy on real data.
+        from_cache: the choice was read from the cache, not measured now.
+        cache_path: where the choice and table are saved (None: not cached).
+    """
 
     plan: Plan
     label: str
     candidates: list[Candidate]
+    table: list[dict[str, Any]]
+    inputs: dict[str, list[int]]
+    random_inputs: bool = False
     from_cache: bool = False
+    cache_path: Path | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "chosen": self.label,
             "from_cache": self.from_cache,
+            "inputs": self.inputs,
+            "random_inputs": self.random_inputs,
             "plan": self.plan.to_dict(),
-            "candidates": [c.to_dict() for c in self.candidates],
+            "candidates": self.table,
         }
 
 
@@ -84,66 +148,167 @@ def auto_plan(
     model: ir.Model,
     *,
     backends: Sequence[str] | None = None,
-    tolerance: tuple[float, float] | None = None,
+    accuracy: Budget | None = None,
+    exact: bool = False,
+    precision: str | None = None,
     budget_s: float = 20.0,
     feeds: Mapping[str, np.ndarray] | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
     threads: int | None = None,
     cache: bool = True,
+    remeasure: bool = False,
 ) -> AutoChoice:
-    """Measure candidate plans for ``model`` (nodes named) and return the fastest that is correct.
+    """Measure candidate plans for ``model`` (prepared: nodes and values named) and return the
+    fastest within the accuracy budget.
 
     Args:
-        model: the model; nodes and values must be named.
-        backends: engines to consider; None: every known backend available here.
-        tolerance: (atol, rtol) against ONNX Runtime fp32; None: by output dtype.
+        model: the model.
+        backends: engines to consider; None: every known backend available here that is not
+            simulated.
+        accuracy: the budget against ONNX Runtime fp32 (judge specs or a function, see
+            :func:`ferry.parity.within_budget`); None: :data:`ferry.parity.DEFAULT_BUDGET`.
+        exact: consider fp32 only.
+        precision: consider only this precision (ONNX Runtime fp32 stays as the baseline).
         budget_s: rough bound on the time spent timing calls (compiling comes on top).
-        feeds: inputs to measure and check with; None: random inputs from the input specs.
+        feeds: the inputs to measure and judge with (the best: real data at real sizes).
+        shapes: input sizes to measure at with random data, when ``feeds`` is None.
         threads: intra-op threads for every engine.
-        cache: reuse and store the choice for this model and machine.
+        cache: reuse and store the choice for this model, input sizes and machine.
+        remeasure: measure again even when a cached choice exists (and replace it).
+
+    Raises:
+        InvalidInputError: the sizes to measure at are unknown (symbolic dims past the batch and
+            neither feeds nor shapes), or a named engine is not known.
+        FerryError: ONNX Runtime itself cannot run the model on these inputs.
     """
-    names = _available(backends)
-    key = _cache_key(model, names, tolerance, threads)
-    if cache:
-        cached = _read_cache(key)
-        if cached is not None:
-            return cached
-    candidates = _candidates(model, names)
-    from ferry.runtime._feeds import random_feeds
     from ferry.runtime._session import load
 
+    names = _available(backends)
     baseline = load(model, threads=threads)
-    if feeds is None:
-        feeds = random_feeds(baseline.inputs, seed=0)
-    expected = baseline.run(dict(feeds))
-    sessions = []
-    for candidate in candidates:
+    inputs = dict(feeds) if feeds is not None else timing_feeds(baseline.inputs, shapes)
+    key = _cache_key(model, names, inputs, feeds is None, accuracy, exact, precision, threads)
+    path = cache_dir() / f"{key}.json" if cache else None
+    if path is not None and not remeasure:
+        cached = _read_cache(path)
+        if cached is not None:
+            return cached
+    expected = baseline.run(dict(inputs))
+    candidates = _candidates(model, names, exact=exact, precision=precision)
+    sessions: list[tuple[Candidate, Any]] = [(candidates[0], baseline)]
+    candidates[0].accuracy = within_budget(expected, expected, accuracy)
+    for candidate in candidates[1:]:
         start = time.perf_counter()
         try:
             session = load(model, plan=candidate.plan, threads=threads)
-            got = session.run(dict(feeds))
+            got = session.run(dict(inputs))
         except FerryError as e:
             candidate.error = str(e)
             continue
         candidate.load_s = time.perf_counter() - start
-        report = compare_outputs(got, expected, tolerance=tolerance)
-        candidate.passed = report.passed
-        candidate.max_abs_error = report.max_abs_error
+        candidate.accuracy = within_budget(got, expected, accuracy)
         sessions.append((candidate, session))
-    _time_in_blocks(sessions, feeds, budget_s)
-    passing = [c for c in candidates if c.passed and c.error is None]
+    time_in_blocks(sessions, inputs, budget_s)
+    best = choose(candidates)
+    baseline_ms = candidates[0].latency_ms
+    choice = AutoChoice(
+        best.plan,
+        best.label,
+        candidates,
+        [c.to_dict(baseline_ms) for c in candidates],
+        {name: list(np.shape(a)) for name, a in inputs.items()},
+        random_inputs=feeds is None,
+        cache_path=path,
+    )
+    if path is not None:
+        _write_cache(path, choice)
+    return choice
+
+
+def choose(candidates: Sequence[Candidate]) -> Candidate:
+    """The fastest candidate within budget; among those within :data:`TIE` of it, the baseline
+    (the first candidate), then fp32, then the fewest partitions, then the first listed."""
+    passing = [c for c in candidates if c.passed]
     if not passing:
         raise FerryError(
-            "no candidate plan matched ONNX Runtime fp32 within the tolerance: "
-            + "; ".join(
-                f"{c.label}: {c.error or f'max abs error {c.max_abs_error:.3g}'}"
-                for c in candidates
-            )
+            "no candidate ran within the accuracy budget, not even ONNX Runtime fp32: "
+            + "; ".join(f"{c.label}: {c.error or 'outside budget'}" for c in candidates)
         )
-    best = min(passing, key=lambda c: c.latency_ms)
-    choice = AutoChoice(best.plan, best.label, candidates)
-    if cache:
-        _write_cache(key, choice)
-    return choice
+    fastest = min(c.latency_ms for c in passing)
+    close = [c for c in passing if c.latency_ms <= fastest * (1 + TIE)]
+    order = {id(c): i for i, c in enumerate(candidates)}
+    return min(
+        close,
+        key=lambda c: (
+            c is not candidates[0],
+            c.precision != "fp32",
+            len(c.plan.partitions),
+            order[id(c)],
+        ),
+    )
+
+
+def timing_feeds(
+    specs: Sequence[TensorSpec],
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    *,
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
+    """Random inputs at the sizes the model will run: ``shapes`` where given, else the model's
+    fixed dims; a symbolic first dim (the batch) becomes 1.
+
+    Raises:
+        InvalidInputError: a symbolic dim past the first has no size: auto must not time a
+            detector at a few pixels; the message names the dims and the ``--shape`` to give.
+    """
+    shapes = dict(shapes or {})
+    missing = []
+    for spec in specs:
+        if spec.name in shapes:
+            continue
+        if spec.shape is None:
+            missing.append(f"{spec.name} (unknown rank)")
+            continue
+        open_dims = [str(i) for i, d in enumerate(spec.shape) if not isinstance(d, int) and i > 0]
+        if open_dims:
+            missing.append(f"{spec.name} dims {', '.join(open_dims)} ({spec.describe()})")
+    if missing:
+        example = next(s for s in specs if s.name not in shapes)
+        raise InvalidInputError(
+            "timing needs the sizes the model will run at, and these are not known "
+            "(timing a detector at a few pixels says nothing about it): "
+            + "; ".join(missing)
+            + f". Give them with --shape (e.g. --shape {example.name}=1,3,640,640), example "
+            "inputs (--input, or ferry.load(..., example_inputs=...)) or "
+            "ferry.load(..., shapes=...)"
+        )
+    return random_feeds(specs, shapes, seed=seed)
+
+
+def artifact_shapes(model_file: Path | None) -> dict[str, tuple[int, ...]] | None:
+    """Input sizes saved in the artifact ``model_file`` belongs to (``ferry.json`` beside it): its
+    ``"shapes"`` object, else the inputs of the latest ``ferry bench`` run saved there (its
+    baseline at the smallest batch). None when there is none."""
+    if model_file is None:
+        return None
+    report = model_file.parent / "ferry.json"
+    try:
+        data = json.loads(report.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    try:
+        if isinstance(data.get("shapes"), dict):
+            return {str(k): tuple(int(d) for d in v) for k, v in data["shapes"].items()}
+        runs = [r for r in data.get("benchmarks", []) if isinstance(r, dict)]
+        if runs:
+            configs = [c for c in runs[-1].get("configurations", []) if c.get("inputs")]
+            if configs:
+                first = min(configs, key=lambda c: (not c.get("baseline"), c.get("batch") or 0))
+                return {str(k): tuple(int(d) for d in v) for k, v in first["inputs"].items()}
+    except (TypeError, ValueError, AttributeError):
+        logger.warning("auto: ignoring the malformed input shapes in %s", report)
+    return None
 
 
 def _available(backends: Sequence[str] | None) -> list[str]:
@@ -151,11 +316,14 @@ def _available(backends: Sequence[str] | None) -> list[str]:
     found = []
     for name in names:
         try:
-            get_backend(name)
+            backend = get_backend(name)
         except FerryError as e:
             if backends is not None:
                 raise
             logger.info("auto: skipping %s: %s", name, e)
+            continue
+        if backends is None and getattr(backend, "simulated", False):
+            logger.info("auto: skipping %s: a simulated adapter (name it to measure it)", name)
             continue
         found.append(name)
     if FALLBACK not in found:
@@ -163,19 +331,27 @@ def _available(backends: Sequence[str] | None) -> list[str]:
     return found
 
 
-def _candidates(model: ir.Model, names: list[str]) -> list[Candidate]:
-    out: list[Candidate] = [Candidate(f"{FALLBACK} fp32", Plan.whole_graph(model, FALLBACK))]
+def _candidates(
+    model: ir.Model, names: list[str], *, exact: bool, precision: str | None
+) -> list[Candidate]:
+    out = [Candidate(_BASELINE, Plan.whole_graph(model, FALLBACK))]
     seen = {_plan_signature(out[0].plan)}
     engines = [n for n in names if n != FALLBACK]
     for name in engines:
         backend = get_backend(name)
-        placed = place(model, [backend, get_backend(FALLBACK)])  # once: precision is an option
-        for precision in backend.precisions:
-            plan = placed.with_options({name: {"precision": precision}})
-            _add(out, seen, Candidate(f"{name} {precision}", plan))
-    if len(engines) > 1:
+        placed = None
+        for offered in backend.precisions:
+            if (exact and offered != "fp32") or (precision is not None and offered != precision):
+                continue
+            if placed is None:  # placed once: precision is an option of the plan
+                placed = place(model, [backend, get_backend(FALLBACK)])
+            plan = placed.with_options({name: {"precision": offered}})
+            _add(out, seen, Candidate(f"{name} {offered}", plan, offered))
+    if len(engines) > 1 and precision in (None, "fp32"):
         plan = place(model, [get_backend(n) for n in names])
-        _add(out, seen, Candidate("+".join(names) + " fp32", plan))
+        # fp32 spelled out, so that a combined plan one engine took whole is seen as that one's
+        fp32 = {n: {"precision": "fp32"} for n in plan.backends if n != FALLBACK}
+        _add(out, seen, Candidate("+".join(names) + " fp32", plan.with_options(fp32)))
     return out
 
 
@@ -190,12 +366,10 @@ def _plan_signature(plan: Plan) -> str:
     return json.dumps(plan.to_dict(), sort_keys=True)
 
 
-def _time_in_blocks(
+def time_in_blocks(
     sessions: list[tuple[Candidate, Any]], feeds: Mapping[str, np.ndarray], budget_s: float
 ) -> None:
-    if not sessions:
-        return
-    blocks: dict[str, list[float]] = {c.label: [] for c, _ in sessions}
+    blocks: dict[int, list[float]] = {id(c): [] for c, _ in sessions}
     for _, session in sessions:  # warm up: first calls allocate
         for _ in range(_BLOCK):
             session.run(dict(feeds))
@@ -206,10 +380,10 @@ def _time_in_blocks(
             start = time.perf_counter()
             for _ in range(_BLOCK):
                 session.run(dict(feeds))
-            blocks[candidate.label].append((time.perf_counter() - start) / _BLOCK)
+            blocks[id(candidate)].append((time.perf_counter() - start) / _BLOCK)
         rounds += 1
     for candidate, _ in sessions:
-        candidate.latency_ms = statistics.median(blocks[candidate.label]) * 1000
+        candidate.latency_ms = statistics.median(blocks[id(candidate)]) * 1000
 
 
 def machine_fingerprint() -> str:
@@ -231,34 +405,65 @@ def machine_fingerprint() -> str:
     return f"{cpu}|{os.cpu_count()}|{'|'.join(versions)}"
 
 
-def _cache_key(model: ir.Model, names: list[str], tolerance: Any, threads: Any) -> str:
+def _budget_key(accuracy: Budget | None) -> Any:
+    """The budget as JSON for the cache key; functions by their qualified name (their address
+    would change every run)."""
+
+    def stable(value: Any) -> Any:
+        if callable(value):
+            return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
+        return value
+
+    if accuracy is None:
+        return list(DEFAULT_BUDGET)
+    if callable(accuracy):
+        return stable(accuracy)
+    specs = [accuracy] if isinstance(accuracy, Mapping) else list(accuracy)
+    return [{key: stable(value) for key, value in spec.items()} for spec in specs]
+
+
+def _cache_key(
+    model: ir.Model,
+    names: list[str],
+    feeds: Mapping[str, np.ndarray],
+    random_inputs: bool,
+    accuracy: Budget | None,
+    exact: bool,
+    precision: str | None,
+    threads: int | None,
+) -> str:
     digest = hashlib.sha256()
     digest.update(ir.to_proto(model).SerializeToString(deterministic=True))
-    digest.update(json.dumps([names, tolerance, threads, machine_fingerprint()]).encode())
+    sizes = {name: [list(np.shape(a)), str(np.asarray(a).dtype)] for name, a in feeds.items()}
+    settings = [names, sizes, random_inputs, _budget_key(accuracy), exact, precision, threads]
+    digest.update(json.dumps([settings, machine_fingerprint()], default=str).encode())
     return digest.hexdigest()[:32]
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
+    """Where auto's choices (and the split-pays verdicts) are kept."""
     base = os.environ.get("FERRY_CACHE_DIR") or str(Path.home() / ".cache" / "ferry")
     return Path(base) / "auto"
 
 
-def _read_cache(key: str) -> AutoChoice | None:
-    path = _cache_dir() / f"{key}.json"
+def _read_cache(path: Path) -> AutoChoice | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         plan = Plan.from_dict(data["plan"])
         label = str(data["chosen"])
-    except (OSError, ValueError, KeyError, FerryError):
+        table = list(data["candidates"])
+        inputs = dict(data["inputs"])
+        random_inputs = bool(data.get("random_inputs", False))
+    except (OSError, ValueError, KeyError, TypeError, FerryError):
         return None
     logger.info("auto: using the cached choice %s (%s)", label, path)
-    return AutoChoice(plan, label, [], from_cache=True)
+    return AutoChoice(plan, label, [], table, inputs, random_inputs, True, path)
 
 
-def _write_cache(key: str, choice: AutoChoice) -> None:
-    path = _cache_dir() / f"{key}.json"
+def _write_cache(path: Path, choice: AutoChoice) -> None:
     try:
         with atomic_path(path) as tmp:
             tmp.write_text(json.dumps(choice.to_dict(), indent=2), encoding="utf-8")
     except OSError as e:  # a read-only home must not break loading a model
         logger.warning("auto: cannot cache the choice in %s: %s", path, e)
+        choice.cache_path = None

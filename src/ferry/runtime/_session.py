@@ -43,6 +43,7 @@ from ferry.runtime._cache import EngineCache, compile_partition, resolve_cache
 from ferry.runtime._specs import InputChecker, TensorSpec, spec_of
 
 if TYPE_CHECKING:
+    from ferry.parity import Budget
     from ferry.runtime._auto import AutoChoice
 
 __all__ = [
@@ -71,6 +72,10 @@ def load(
     plan: Plan | None = None,
     cache_dir: str | os.PathLike[str] | Literal[False] | None = None,
     options: Mapping[str, Mapping[str, Any]] | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    example_inputs: Mapping[str, np.ndarray] | None = None,
+    accuracy: Budget | None = None,
+    check_split: bool = True,
 ) -> Session:
     """Load a model and make it ready to run.
 
@@ -93,6 +98,22 @@ def load(
         cache_dir: where compiled engines are kept between runs: None for the default
             (``$FERRY_CACHE_DIR``, else ``~/.cache/ferry``), a folder, or False for no cache.
             Only backends that build a storable engine use it; ONNX Runtime does not.
+        shapes: the input sizes the model will run at (``{"x": (1, 3, 640, 640)}``): auto's
+            candidates, and a split plan against ONNX Runtime alone, are timed there. None:
+            ``example_inputs``' sizes, else those saved in the artifact (``ferry.json``:
+            ``"shapes"`` or the last ``ferry bench``), else the model's fixed sizes (a symbolic
+            batch dim counts as 1; any other symbolic dim has no size: auto asks for it, the
+            split check is skipped with a warning).
+        example_inputs: real inputs to time (and, with ``"auto"``, judge) on.
+        accuracy: with ``"auto"``, the budget candidates are judged by against ONNX Runtime
+            fp32 (judge specs or a function, :func:`ferry.parity.within_budget`); None: cosine
+            >= 0.999 and argmax agreement >= 99%.
+        check_split: when ferry placed the model across engines itself, ONNX Runtime among
+            those listed, and the plan cuts it in pieces: time the split against ONNX Runtime
+            alone (about 2 s, once per model, sizes and machine) and run ONNX Runtime alone,
+            with a warning, when the split is slower. False keeps the split regardless. A
+            plan an engine takes whole, or an engine listed without ONNX Runtime, is run as
+            asked.
 
     Returns:
         A Session; ``session.run({"input": array})`` gives ``{"output": array}``.
@@ -111,13 +132,78 @@ def load(
     source_path = model_source_path(model) if isinstance(source, (str, os.PathLike)) else None
     # Work on a prepared copy (weights shared, not copied): the caller's model is never touched.
     work = prepare(model)
+    if names != [AUTO] and accuracy is not None:
+        raise InvalidInputError(
+            "accuracy= is for backends='auto' (the budget its candidates are judged by); "
+            "ferry plan --verify --accuracy judges a plan's partitions"
+        )
+    if shapes is None and example_inputs is None:
+        from ferry.runtime._auto import artifact_shapes
+
+        shapes = artifact_shapes(source_path)
+    placed_here = plan is None
     if plan is None:
-        plan = make_plan(work, names, threads=threads, precision=precision).plan
+        plan = make_plan(
+            work,
+            names,
+            threads=threads,
+            precision=precision,
+            feeds=example_inputs,
+            shapes=shapes,
+            accuracy=accuracy,
+        ).plan
     elif precision is not None:
         plan = with_precision(plan, precision)
     if options:
         plan = plan.with_options(options)
+    if check_split and placed_here and FALLBACK in names and _is_split(plan):
+        plan = _faster_plan(work, plan, threads, source_path, cache_dir, example_inputs, shapes)
     return Session(work, plan, threads=threads, source_path=source_path, cache_dir=cache_dir)
+
+
+def _is_split(plan: Plan) -> bool:
+    return len(plan.partitions) > 1 and len(plan.backends) > 1
+
+
+def _faster_plan(
+    work: ir.Model,
+    plan: Plan,
+    threads: int | None,
+    source_path: Path | None,
+    cache_dir: str | os.PathLike[str] | Literal[False] | None,
+    example_inputs: Mapping[str, np.ndarray] | None,
+    shapes: Mapping[str, Sequence[int]] | None,
+) -> Plan:
+    """``plan`` (a split), or ONNX Runtime alone when that runs faster (see ``_pays``)."""
+    from ferry.runtime._auto import timing_feeds
+    from ferry.runtime._pays import cached_verdict, split_pays
+
+    where = f"{len(plan.partitions)} partitions on {', '.join(plan.backends)}"
+    specs = [spec_of(v) for v in graph_inputs(work)]
+    try:
+        feeds = dict(example_inputs) if example_inputs is not None else timing_feeds(specs, shapes)
+    except InvalidInputError as e:
+        logger.warning(
+            "not checked whether the split plan (%s) is faster than ONNX Runtime alone: %s "
+            "(give shapes= or example_inputs= to check it)",
+            where,
+            str(e).split(". Give", 1)[0],
+        )
+        return plan
+    verdict = cached_verdict(work, plan, feeds, threads)
+    if verdict is None:
+        split = Session(work, plan, threads=threads, source_path=source_path, cache_dir=cache_dir)
+        verdict = split_pays(work, split, feeds, threads=threads)
+    if verdict.pays:
+        logger.info("the split plan (%s) pays: %s", where, verdict.describe())
+        return plan
+    logger.warning(
+        "running ONNX Runtime alone: %s, split across %s. Pass check_split=False to run the "
+        "split anyway.",
+        verdict.describe(),
+        where,
+    )
+    return Plan.whole_graph(work, FALLBACK)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,15 +230,20 @@ def make_plan(
     force_cpu: Iterable[str] = (),
     min_partition_size: int = DEFAULT_MIN_PARTITION_SIZE,
     feeds: Mapping[str, np.ndarray] | None = None,
-    tolerance: tuple[float, float] | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    accuracy: Budget | None = None,
+    exact: bool = False,
     budget_s: float | None = None,
+    remeasure: bool = False,
     explain_placement: bool = False,
     precision: str | None = None,
 ) -> PlanChoice:
     """The plan for running ``model`` (prepared: ``ferry.graph.prepare``) on ``backends``.
 
     ONNX Runtime alone runs the whole graph; ``"auto"`` is the measured choice (``feeds``,
-    ``tolerance`` and ``budget_s`` are auto's; the budget defaults to :data:`AUTO_BUDGET_S`);
+    ``shapes``, ``accuracy``, ``exact``, ``remeasure`` and ``budget_s`` are auto's, see
+    :func:`ferry.runtime.auto_plan`; the budget defaults to :data:`AUTO_BUDGET_S`; with
+    ``precision``, only candidates in it are measured);
     any other list is placed in priority order with
     ONNX Runtime taking what no engine supports (``force_cpu`` and ``min_partition_size`` are
     placement's; ``explain_placement`` asks for placement's report even for ONNX Runtime alone).
@@ -165,7 +256,15 @@ def make_plan(
 
         budget = AUTO_BUDGET_S if budget_s is None else budget_s
         choice = auto_plan(
-            model, threads=threads, budget_s=budget, feeds=feeds, tolerance=tolerance
+            model,
+            threads=threads,
+            budget_s=budget,
+            feeds=feeds,
+            shapes=shapes,
+            accuracy=accuracy,
+            exact=exact,
+            precision=precision,
+            remeasure=remeasure,
         )
         made = PlanChoice(choice.plan, auto=choice)
     elif names == [FALLBACK] and not force_cpu and not explain_placement:

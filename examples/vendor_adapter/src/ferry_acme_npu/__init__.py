@@ -48,6 +48,9 @@ class AcmeNpuBackend:
     device = "npu"
     precisions: tuple[str, ...] = ("fp32",)
     install_hint = "pip install ferry-acme-npu"
+    #: It only imitates an NPU (on ONNX Runtime's CPU kernels): ``backends="auto"`` never picks it;
+    #: it runs where it is named, ``backends="acme_npu"``.
+    simulated = True
 
     @property
     def version(self) -> str:
