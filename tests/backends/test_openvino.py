@@ -26,6 +26,7 @@ from ferry.backends import (  # noqa: E402
 )
 from ferry.backends._openvino import OpenVINOBackend, OpenVINOPartition  # noqa: E402
 from ferry.errors import ExecutionError, InvalidInputError, ModelLoadError  # noqa: E402
+from ferry.graph import prepare  # noqa: E402
 from ferry.plan import Partition  # noqa: E402
 
 pytestmark = pytest.mark.openvino
@@ -528,3 +529,52 @@ def test_node_conformance_every_claimed_case(backend: OpenVINOBackend) -> None:
         except AssertionError as e:
             failures.append(f"{param.id}: {str(e).strip().splitlines()[0]}")
     assert not failures, failures
+
+
+def _quantizing_chain(refused: bool) -> ir.Model:
+    """Relu -> Mul -> [DynamicQuantizeLinear -> DequantizeLinear] -> Sigmoid -> Tanh."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("Mul", ["r", "r"], ["m"], name="mul"),
+        helper.make_node("Sigmoid", ["d" if refused else "m"], ["sg"], name="sig"),
+        helper.make_node("Tanh", ["sg"], ["y"], name="tanh"),
+    ]
+    if refused:
+        nodes[2:2] = [
+            helper.make_node("DynamicQuantizeLinear", ["m"], ["q", "s", "z"], name="dql"),
+            helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"], name="deq"),
+        ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+    )
+    return prepare(
+        ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    )
+
+
+def test_placement_takes_the_whole_model_or_splits_minimally_around_a_refused_op() -> None:
+    from ferry.backends import explain
+
+    whole = explain(_quantizing_chain(refused=False), ["openvino", "onnxruntime"])
+    assert [p.backend for p in whole.plan.partitions] == ["openvino"]
+    assert whole.cost().boundary_tensors == 0
+    # OpenVINO refuses DynamicQuantizeLinear (it rounds differently from ONNX): only that node
+    # leaves it, and everything after goes back to OpenVINO.
+    model = _quantizing_chain(refused=True)
+    split = explain(model, ["openvino", "onnxruntime"], min_partition_size=1)
+    assert [(p.backend, p.nodes) for p in split.plan.partitions] == [
+        ("openvino", ("relu", "mul")),
+        ("onnxruntime", ("dql",)),
+        ("openvino", ("deq", "sig", "tanh")),
+    ]
+    assert "rounds differently" in split.node("dql").reasons["openvino"]
+    # By default a two-node stretch is not worth its own engine call: it joins the refused
+    # node's partition, one boundary fewer.
+    folded = explain(model, ["openvino", "onnxruntime"])
+    assert [(p.backend, p.nodes) for p in folded.plan.partitions] == [
+        ("onnxruntime", ("relu", "mul", "dql")),
+        ("openvino", ("deq", "sig", "tanh")),
+    ]
