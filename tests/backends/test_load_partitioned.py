@@ -164,7 +164,7 @@ def test_openvino_then_onnxruntime(models: dict[str, ir.Model], name: str) -> No
     model = models[name]
     # The split runs as placed (whether it pays is checked below): this tests running it.
     session = ferry.load(
-        model, backends=["openvino", "onnxruntime"], cache_dir=False, check_split=False
+        model, backends=["openvino", "onnxruntime"], cache_dir=False, check_pays=False
     )
     assert "openvino" in session.plan.backends  # the engine really took part of the graph
     for batch in (1, 3):
@@ -178,7 +178,7 @@ def _timed(split_ms: float, alone_ms: float) -> Any:
     def time_in_blocks(runs: list[Any], feeds: Any, budget_s: float) -> None:
         for candidate, session in runs:
             session.run(dict(feeds))  # both really run
-            candidate.latency_ms = split_ms if candidate.label == "split" else alone_ms
+            candidate.latency_ms = split_ms if candidate.label == "plan" else alone_ms
 
     return time_in_blocks
 
@@ -216,6 +216,23 @@ def test_a_split_runs_only_where_it_pays(
 
 
 @needs_openvino
+def test_an_engine_that_takes_the_model_whole_runs_only_where_it_pays(
+    models: dict[str, ir.Model], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    from ferry.runtime import _auto
+
+    monkeypatch.setenv("FERRY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_auto, "time_in_blocks", _timed(2.0, 1.0))
+    model = models["digits_cnn"]
+    offered = ferry.load(model, backends="openvino,onnxruntime", cache_dir=False)
+    assert offered.plan.backends == ["onnxruntime"]  # ONNX Runtime listed, and faster
+    named = ferry.load(model, backends="openvino", cache_dir=False)
+    assert named.plan.backends == ["openvino"]  # named alone: run as asked
+    kept = ferry.load(model, backends="openvino,onnxruntime", cache_dir=False, check_pays=False)
+    assert kept.plan.backends == ["openvino"]
+
+
+@needs_openvino
 def test_a_split_at_unknown_sizes_is_kept_with_a_warning(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -227,7 +244,7 @@ def test_a_split_at_unknown_sizes_is_kept_with_a_warning(
     model.graph.inputs[0].shape = ir.Shape(["batch", 3, "h", "w"])
     session = ferry.load(model, backends="openvino,onnxruntime", cache_dir=False)
     assert "openvino" in session.plan.backends
-    assert "not checked whether the split plan" in caplog.text and "shapes=" in caplog.text
+    assert "not checked whether the plan" in caplog.text and "shapes=" in caplog.text
     sized = ferry.load(
         model, backends="openvino,onnxruntime", cache_dir=False, shapes={"image": (1, 3, 32, 32)}
     )

@@ -90,7 +90,9 @@ def test_load_and_run(mid: str, onnx_file: ONNX_OF) -> None:
 @pytest.mark.parametrize("mid", ALL)
 def test_openvino_and_onnxruntime(mid: str, onnx_file: ONNX_OF) -> None:
     path = onnx_file(mid)
-    session = ferry.load(path, backends=["openvino", "onnxruntime"])
+    # The plan as placed (whether it beats ONNX Runtime alone is benchmarks/placement.py's).
+    session = ferry.load(path, backends=["openvino", "onnxruntime"], check_pays=False)
+    assert "openvino" in session.plan.backends
     for index in (0, 1):
         feeds = kit_models.feeds(mid, index)
         kit_models.judged(mid, "openvino+onnxruntime", session.run(feeds), reference(path, feeds))

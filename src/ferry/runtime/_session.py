@@ -75,7 +75,7 @@ def load(
     shapes: Mapping[str, Sequence[int]] | None = None,
     example_inputs: Mapping[str, np.ndarray] | None = None,
     accuracy: Budget | None = None,
-    check_split: bool = True,
+    check_pays: bool = True,
 ) -> Session:
     """Load a model and make it ready to run.
 
@@ -99,7 +99,7 @@ def load(
             (``$FERRY_CACHE_DIR``, else ``~/.cache/ferry``), a folder, or False for no cache.
             Only backends that build a storable engine use it; ONNX Runtime does not.
         shapes: the input sizes the model will run at (``{"x": (1, 3, 640, 640)}``): auto's
-            candidates, and a split plan against ONNX Runtime alone, are timed there. None:
+            candidates, and a placed plan against ONNX Runtime alone, are timed there. None:
             ``example_inputs``' sizes, else those saved in the artifact (``ferry.json``:
             ``"shapes"`` or the last ``ferry bench``), else the model's fixed sizes (a symbolic
             batch dim counts as 1; any other symbolic dim has no size: auto asks for it, the
@@ -108,12 +108,12 @@ def load(
         accuracy: with ``"auto"``, the budget candidates are judged by against ONNX Runtime
             fp32 (judge specs or a function, :func:`ferry.parity.within_budget`); None: cosine
             >= 0.999 and argmax agreement >= 99%.
-        check_split: when ferry placed the model across engines itself, ONNX Runtime among
-            those listed, and the plan cuts it in pieces: time the split against ONNX Runtime
-            alone (about 2 s, once per model, sizes and machine) and run ONNX Runtime alone,
-            with a warning, when the split is slower. False keeps the split regardless. A
-            plan an engine takes whole, or an engine listed without ONNX Runtime, is run as
-            asked.
+        check_pays: when you list ONNX Runtime with other engines (``"openvino,onnxruntime"``)
+            and ferry places the model on them, time that plan against ONNX Runtime alone
+            (about 2 s, once per model, sizes and machine) and run ONNX Runtime alone, with a
+            warning, when the plan is slower: the engines you list are offered, and each runs
+            only where it pays. False keeps the plan regardless; an engine named without ONNX
+            Runtime (``"openvino"``) runs what it can, as asked.
 
     Returns:
         A Session; ``session.run({"input": array})`` gives ``{"output": array}``.
@@ -156,13 +156,10 @@ def load(
         plan = with_precision(plan, precision)
     if options:
         plan = plan.with_options(options)
-    if check_split and placed_here and FALLBACK in names and _is_split(plan):
+    offered = placed_here and FALLBACK in names and len(names) > 1
+    if check_pays and offered and set(plan.backends) != {FALLBACK}:
         plan = _faster_plan(work, plan, threads, source_path, cache_dir, example_inputs, shapes)
     return Session(work, plan, threads=threads, source_path=source_path, cache_dir=cache_dir)
-
-
-def _is_split(plan: Plan) -> bool:
-    return len(plan.partitions) > 1 and len(plan.backends) > 1
 
 
 def _faster_plan(
@@ -174,17 +171,20 @@ def _faster_plan(
     example_inputs: Mapping[str, np.ndarray] | None,
     shapes: Mapping[str, Sequence[int]] | None,
 ) -> Plan:
-    """``plan`` (a split), or ONNX Runtime alone when that runs faster (see ``_pays``)."""
+    """``plan`` (other engines than ONNX Runtime in it), or ONNX Runtime alone when that runs
+    faster (see ``_pays``)."""
     from ferry.runtime._auto import timing_feeds
-    from ferry.runtime._pays import cached_verdict, split_pays
+    from ferry.runtime._pays import cached_verdict, plan_pays
 
-    where = f"{len(plan.partitions)} partitions on {', '.join(plan.backends)}"
+    where = f"{len(plan.partitions)} partition(s) on {', '.join(plan.backends)}"
     specs = [spec_of(v) for v in graph_inputs(work)]
     try:
         feeds = dict(example_inputs) if example_inputs is not None else timing_feeds(specs, shapes)
     except InvalidInputError as e:
-        logger.warning(
-            "not checked whether the split plan (%s) is faster than ONNX Runtime alone: %s "
+        # A split is the risky case (each cut costs a copy and a call): say so loudly.
+        log = logger.warning if len(plan.partitions) > 1 else logger.info
+        log(
+            "not checked whether the plan (%s) is faster than ONNX Runtime alone: %s "
             "(give shapes= or example_inputs= to check it)",
             where,
             str(e).split(". Give", 1)[0],
@@ -193,13 +193,13 @@ def _faster_plan(
     verdict = cached_verdict(work, plan, feeds, threads)
     if verdict is None:
         split = Session(work, plan, threads=threads, source_path=source_path, cache_dir=cache_dir)
-        verdict = split_pays(work, split, feeds, threads=threads)
+        verdict = plan_pays(work, split, feeds, threads=threads)
     if verdict.pays:
-        logger.info("the split plan (%s) pays: %s", where, verdict.describe())
+        logger.info("the plan (%s) pays: %s", where, verdict.describe())
         return plan
     logger.warning(
-        "running ONNX Runtime alone: %s, split across %s. Pass check_split=False to run the "
-        "split anyway.",
+        "running ONNX Runtime alone: %s, on %s. Pass check_pays=False (ferry.load) to run "
+        "the plan anyway, or name the engine without ONNX Runtime.",
         verdict.describe(),
         where,
     )
