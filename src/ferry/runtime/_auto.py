@@ -59,8 +59,6 @@ logger = logging.getLogger(__name__)
 
 #: How long a timed block lasts (at least one call): short calls get many of them.
 _BLOCK_S = 0.05
-#: Calls shorter than this are preceded by untimed ones in each block (see time_in_blocks).
-_SHORT_S = 0.005
 #: Candidates within this fraction of the fastest count as equally fast (timing noise on a quiet
 #: machine is 1-2%).
 TIE = 0.03
@@ -374,10 +372,10 @@ def time_in_blocks(
     """Set each candidate's ``latency_ms``: the median per-call time over rounds in which every
     session runs a block of calls in turn (the order reversing each round).
 
-    A block lasts about :data:`_BLOCK_S` (at least one call). Blocks of short calls start with a
-    tenth as many untimed ones: an engine called right after another one's block wakes its worker
-    threads first (measured: OpenVINO at 0.7 ms right after ONNX Runtime, 0.16 ms when warm, on a
-    0.14 ms model).
+    A block lasts about :data:`_BLOCK_S` (at least one call) and starts with a tenth as many
+    untimed calls (at least one): an engine called right after another one's block first wakes
+    its worker threads and refills its caches (measured: OpenVINO at 0.7 ms right after ONNX
+    Runtime, 0.16 ms when warm, on a 0.14 ms model; 24 ms against 17 ms on a 17 ms audio model).
     """
     calls: dict[int, tuple[int, int]] = {}
     for candidate, session in sessions:  # warm up (first calls allocate), then size the block
@@ -388,7 +386,7 @@ def time_in_blocks(
             session.run(dict(feeds))
         each = max((time.perf_counter() - start) / 3, 1e-6)
         n = max(1, min(1000, int(_BLOCK_S / each)))
-        calls[id(candidate)] = (n, max(1, n // 10) if each < _SHORT_S else 0)
+        calls[id(candidate)] = (n, max(1, n // 10))
     blocks: dict[int, list[float]] = {id(c): [] for c, _ in sessions}
     deadline = time.perf_counter() + budget_s
     order = list(sessions)
