@@ -22,6 +22,11 @@ if [ "${FERRY_TEST_HEAVY:-0}" = "1" ]; then
     echo "WARNING: Paddle did not install; its converter tests will be skipped" >&2
   fi
 fi
+# Triton's perf_analyzer (from the tritonclient 2.41 wheel; Debian's libb64-0d) drives ferry serve
+# in tests/e2e/test_perf_analyzer.py.
+echo "==> perf_analyzer"
+bash scripts/triton-bench-env.sh --perf-analyzer-only \
+  || echo "WARNING: perf_analyzer could not be set up; its e2e test will be skipped" >&2
 # The real-model kit (about 152 MB, once; cached in ${FERRY_KIT:-~/.cache/ferry-kit}, outside the
 # repository): the tests/real tier runs every verb on models made by other people.
 echo "==> real-model kit"

@@ -862,8 +862,9 @@ def test_precision_per_model_config(precision_server: tuple[Any, dict[str, Any]]
     server, models = precision_server
     c = client_for(server)
     try:
-        # Models with a bad precision are unavailable, with the reason; the server serves on.
-        assert c.is_server_live() and c.is_server_ready()
+        # Models with a bad precision are unavailable, with the reason; the server serves on,
+        # live but not ready (Triton's strict readiness: models that should load did not).
+        assert c.is_server_live() and not c.is_server_ready()
         (bad,) = index_entries(c, "bad_precision")
         assert bad["state"] == "UNAVAILABLE"
         assert "'precision' must be one of fp32, bf16, fp16, int8" in bad["reason"]

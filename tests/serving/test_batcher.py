@@ -244,3 +244,42 @@ def test_submit_checks_the_batch_size() -> None:
             await batcher.submit({"x": np.ones((3, 1))}, None, 3)
 
     asyncio.run(main())
+
+
+def test_cancelled_requests_are_dropped_and_close_does_not_wait_for_them() -> None:
+    """What a drain timeout cuts off: queued requests whose callers went away never run, and
+    close() does not wait for a running batch nobody waits for (an engine run cannot stop)."""
+    release = threading.Event()
+    runs: list[int] = []
+
+    class Blocked:
+        def run(
+            self, inputs: Mapping[str, Any], outputs: Sequence[str] | None = None
+        ) -> dict[str, np.ndarray]:
+            runs.append(inputs["x"].shape[0])
+            release.wait(10)
+            return {"y": inputs["x"]}
+
+    async def main() -> float:
+        pool = pool_of(Blocked())
+        batcher = DynamicBatcher(pool, max_batch_size=1)
+        batcher.start()
+        x = np.zeros((1, 2), np.float32)
+        tasks = [asyncio.ensure_future(batcher.submit({"x": x}, None, 1)) for _ in range(3)]
+        await asyncio.sleep(0.1)  # the first runs (blocked), two wait in the queue
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        start = time.perf_counter()
+        await batcher.close()
+        elapsed = time.perf_counter() - start
+        release.set()
+        pool.shutdown()
+        return elapsed
+
+    try:
+        elapsed = asyncio.run(main())
+    finally:
+        release.set()
+    assert elapsed < 1.0
+    assert runs == [1]

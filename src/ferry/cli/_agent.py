@@ -73,7 +73,8 @@ def command(
         max_queue=max_queue,
         job_timeout_s=job_timeout,
     )
-    server = ServerThread(app, host=host, port=port)
+    # Status requests long-poll up to a minute: let them end as before, with no drain limit.
+    server = ServerThread(app, host=host, port=port, drain_timeout=None)
     with sigterm_interrupts():
         try:
             server.start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import click
@@ -9,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ferry.cli._common import console
-from ferry.serving import DEFAULT_MAX_REQUEST_BYTES
+from ferry.serving import DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
 
 
 @click.command("serve")
@@ -60,6 +61,22 @@ from ferry.serving import DEFAULT_MAX_REQUEST_BYTES
     help="Rescan the repository this often; new or changed versions hot-reload.",
 )
 @click.option(
+    "--drain-timeout",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_DRAIN_TIMEOUT,
+    show_default=True,
+    metavar="SECONDS",
+    help="At Ctrl-C or SIGTERM, how long the requests in flight get to finish; those still "
+    "running then are cut off (answered 503).",
+)
+@click.option(
+    "--strict-readiness/--no-strict-readiness",
+    default=True,
+    show_default=True,
+    help="/v2/health/ready answers ready only while every model that should be loaded is READY "
+    "(Triton's default); --no-strict-readiness: once the server is up.",
+)
+@click.option(
     "--explicit", is_flag=True, help="Load no model at start but those named with --load."
 )
 @click.option(
@@ -78,6 +95,8 @@ def command(
     api_key: str | None,
     max_request_bytes: int,
     poll: float | None,
+    drain_timeout: float,
+    strict_readiness: bool,
     explicit: bool,
     load_names: tuple[str, ...],
 ) -> None:
@@ -85,8 +104,8 @@ def command(
 
     Clients speak KServe v2 (Open Inference Protocol): Triton's client, KServe's, or plain HTTP.
     A repository is laid out as Triton's: REPO/<model>/<version>/model.onnx with an optional
-    REPO/<model>/config.json. Ctrl-C stops accepting requests, lets those in flight finish, and
-    exits.
+    REPO/<model>/config.json. Ctrl-C or SIGTERM stops accepting requests, lets those in flight
+    finish (up to --drain-timeout), and exits 0; a second Ctrl-C stops at once (exit 130).
 
     \b
     Examples:
@@ -107,6 +126,7 @@ def command(
         poll_interval=poll,
         explicit=explicit,
         load=list(load_names) or None,
+        strict_readiness=strict_readiness,
     )
     state = app.state.ferry
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
@@ -114,7 +134,9 @@ def command(
             f"[yellow]warning:[/] listening on {escape(host)} without --api-key: anyone who can "
             "reach this address can run and load models"
         )
-    server = ServerThread(app, host=host, port=port, log_level="warning")
+    server = ServerThread(
+        app, host=host, port=port, log_level="warning", drain_timeout=drain_timeout
+    )
     with sigterm_interrupts():
         try:
             server.start()
@@ -132,7 +154,28 @@ def command(
             )
         finally:
             server.stop()
+    if server.drained and not server.cut_off:
+        s = "" if server.drained == 1 else "s"
+        console.print(
+            f"drained: {server.drained} request{s} in flight finished in {server.drain_seconds:.2f} s"
+        )
     console.print("stopped")
+    if server.cut_off or server.forced:
+        # Engine runs that were cut off cannot be stopped: exit now rather than wait for them at
+        # interpreter exit (and tear down engines that may still be running).
+        _exit_now(130 if server.forced else 0)
+
+
+def _exit_now(code: int) -> None:
+    import logging
+    import os
+    import sys
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _print_models(rows: list[dict[str, str]]) -> None:

@@ -97,6 +97,7 @@ if TYPE_CHECKING:
         load_version,
     )
     from ferry.serving._server import (
+        DEFAULT_DRAIN_TIMEOUT,
         ServerThread,
         bind,
         sigterm_interrupts,
@@ -104,6 +105,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DATATYPES",
+    "DEFAULT_DRAIN_TIMEOUT",
     "DEFAULT_MAX_BATCH_SIZE",
     "DEFAULT_MAX_REQUEST_BYTES",
     "DEFAULT_QUEUE_DELAY_US",

@@ -77,6 +77,10 @@ def status_of(error: BaseException) -> int:
 class ServingState:
     """What the routes share: the repository, metrics, settings and the server's readiness."""
 
+    #: Triton's strict readiness: ``/v2/health/ready`` says ready only while every model that
+    #: should be loaded is READY; False: while the server is up (``--no-strict-readiness``).
+    strict_readiness: bool = True
+
     def __init__(
         self,
         repository: ModelRepository,
@@ -92,8 +96,11 @@ class ServingState:
         #: Set once the start-up models have been tried (loaded or failed), or start-up failed.
         self.started = threading.Event()
         self.startup_error: BaseException | None = None
-        #: Set when the server begins to shut down: readiness turns false, requests still finish.
+        #: Set when the server begins to shut down: readiness turns false, requests in flight
+        #: finish, new inference and repository requests get 503.
         self.draining = False
+        #: Set when the drain timed out: the requests still running are cancelled, answered 503.
+        self.cut_off = False
         #: The event loop serving the app (set when it starts).
         self.loop: asyncio.AbstractEventLoop | None = None
         self._startup: asyncio.Task[None] | None = None
@@ -143,6 +150,7 @@ def create_app(
     explicit: bool = False,
     load: Sequence[str] | None = None,
     warmup: bool = True,
+    strict_readiness: bool = True,
 ) -> Starlette:
     """The ASGI app serving a model repository, a model file or an artifact folder.
 
@@ -161,7 +169,10 @@ def create_app(
         poll_interval: rescan the repository every this many seconds and hot-reload changes.
         explicit: load only the models in ``load`` at start; the load API loads others.
         load: models to load at start (explicit mode).
-        warmup: run every instance once before a version reports ready.
+        warmup: run every instance once before a version reports ready (a version whose warm-up
+            fails does not load).
+        strict_readiness: ``/v2/health/ready`` answers ready only while every model that should
+            be loaded is READY (Triton's default); False: once the server is up.
 
     Raises:
         ModelLoadError: the source does not exist or is not a model, artifact or repository.
@@ -195,6 +206,7 @@ def create_app(
         metrics=metrics,
     )
     state = ServingState(repository, metrics, api_key=api_key, max_request_bytes=max_request_bytes)
+    state.strict_readiness = strict_readiness
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -239,6 +251,9 @@ def create_app(
 
     class FerryApp(Starlette):
         async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            if state.draining and scope["type"] == "http":
+                await _while_draining(super().__call__, state, scope, receive, send)
+                return
             target = _infer_target(scope)
             if target is None:
                 await super().__call__(scope, receive, send)
@@ -373,8 +388,24 @@ async def _live(request: Request) -> Response:
 
 
 async def _ready(request: Request) -> Response:
-    ready = _state(request).ready
-    return _json({"ready": ready}, 200 if ready else 503)
+    """Triton's answer: 200 when ready, 400 when not (with the reasons, which Triton leaves out).
+
+    Ready: started, not draining, and with strict readiness every model that should be loaded
+    READY (:meth:`ModelRepository.unready`)."""
+    state = _state(request)
+    if state.draining:
+        reasons = ["the server is shutting down"]
+    elif state.startup_error is not None:
+        reasons = [f"the server failed to start its models: {state.startup_error}"]
+    elif not state.ready:
+        reasons = ["the server is starting: its models are loading"]
+    elif state.strict_readiness:
+        reasons = state.repository.unready()
+    else:
+        reasons = []
+    if not reasons:
+        return _json({"ready": True})
+    return _json({"ready": False, "reason": "; ".join(reasons)}, 400)
 
 
 async def _model_metadata(request: Request) -> Response:
@@ -393,8 +424,13 @@ async def _model_metadata(request: Request) -> Response:
 
 
 async def _model_ready(request: Request) -> Response:
+    """200 when the model (version) is READY; 400 when it is known but not, as Triton answers
+    (with the reason); 404 for an unknown model or version."""
     name = request.path_params["model"]
-    _state(request).repository.get(name, request.path_params.get("version"))
+    try:
+        _state(request).repository.get(name, request.path_params.get("version"))
+    except ModelNotReadyError as e:
+        return error_response(400, str(e))
     return _json({"name": name, "ready": True})
 
 
@@ -612,6 +648,61 @@ async def _fast_infer(
         name = key.decode("latin-1").lower()
         if name not in headers:  # the first one wins, as in Starlette's Headers
             headers[name] = value.decode("latin-1")
-    status, raw, content = await _infer_core(state, target[0], target[1], headers, receive)
+    try:
+        status, raw, content = await _infer_core(state, target[0], target[1], headers, receive)
+    except asyncio.CancelledError:
+        if not state.cut_off:
+            raise
+        # The drain timed out on this request: say so, rather than drop the connection.
+        status, raw, content = _raw_error(HTTPError(503, _CUT_OFF))
+    if state.draining:
+        raw = [*raw, _CONNECTION_CLOSE]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": content})
+
+
+# -- shutdown -------------------------------------------------------------------------------------
+
+_SHUTTING_DOWN = "the server is shutting down and takes no new requests; send it to another server"
+_CUT_OFF = (
+    "the server shut down before this request finished: it was still running when the drain "
+    "timeout ran out"
+)
+_CONNECTION_CLOSE = (b"connection", b"close")
+
+
+async def _while_draining(
+    app: Callable[[Scope, Receive, Send], Awaitable[None]],
+    state: ServingState,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+) -> None:
+    """A request that arrives while the server drains (on a connection already open): 503 for
+    inference and the repository API, the usual answer for health, metadata, statistics and
+    metrics; each with ``Connection: close``, so that the client opens no request on it again."""
+
+    async def closing(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), _CONNECTION_CLOSE]}
+        await send(message)
+
+    path: str = scope["path"]
+    root = scope.get("root_path", "")
+    if root and path.startswith(root + "/"):
+        path = path[len(root) :]
+    if _infer_target(scope) is None and not path.startswith("/v2/repository/"):
+        await app(scope, receive, closing)
+        return
+    # Read the body first: a client still sending it would miss an answer sent before.
+    seen = 0
+    while seen <= state.max_request_bytes:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        seen += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    status, raw, content = _raw_error(HTTPError(503, _SHUTTING_DOWN))
+    await closing({"type": "http.response.start", "status": status, "headers": raw})
+    await closing({"type": "http.response.body", "body": content})

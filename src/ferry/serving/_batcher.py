@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -239,7 +240,8 @@ class DynamicBatcher:
         #: Rows queued in all (any shape): a wait for a fuller batch is woken only when it can fill.
         self._rows = 0
         self._min_preferred = min(self._preferred, default=max_batch_size)
-        self._running: set[asyncio.Task[None]] = set()
+        #: Executions under way, with their requests.
+        self._running: dict[asyncio.Task[None], list[_Item]] = {}
         self._task: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -276,16 +278,31 @@ class DynamicBatcher:
         return await future
 
     async def close(self) -> None:
-        """Run what is queued, wait for running batches, then stop."""
+        """Run what is queued, wait for running batches, then stop.
+
+        A batch whose requests have all gone (cancelled: cut off by the server's drain timeout) is
+        not waited for: the engine run cannot be stopped, and nobody waits for its result.
+        """
         self._closing = True
         self._wake()
         if self._task is not None:
-            await self._task
-        if self._running:
-            await asyncio.gather(*self._running, return_exceptions=True)
+            if any(not item.future.done() for item in self._pending):
+                await self._task  # it runs them, then returns
+            else:  # it may wait for an instance that a run nobody waits for holds: stop it
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+        waited = [
+            task
+            for task, batch in self._running.items()
+            if not all(item.future.done() for item in batch)
+        ]
+        if waited:
+            await asyncio.gather(*waited, return_exceptions=True)
 
     async def _loop(self) -> None:
         while True:
+            self._drop_gone()
             if not self._pending:
                 if self._closing:
                     return
@@ -297,11 +314,25 @@ class DynamicBatcher:
             except BaseException:
                 self._pool.release(instance)
                 raise
+            if not batch:  # its requests went away while it waited
+                self._pool.release(instance)
+                continue
             task = asyncio.get_running_loop().create_task(self._execute(instance, batch))
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
+            self._running[task] = batch
+            task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self._running.pop(task, None)
+
+    def _drop_gone(self) -> None:
+        """Drop the oldest requests whose callers went away (cancelled)."""
+        while self._pending and self._pending[0].future.done():
+            self._rows -= self._pending.popleft().size
 
     async def _form_batch(self) -> list[_Item]:
+        self._drop_gone()
+        if not self._pending:
+            return []
         head = self._pending[0]
         deadline = head.arrival_ns + self._delay_ns
         while True:
@@ -339,7 +370,7 @@ class DynamicBatcher:
         total = 0
         best = 0  # length of the longest prefix whose rows make a preferred size
         for item in self._pending:
-            if item.key != key or total + item.size > self.max_batch_size:
+            if item.key != key or total + item.size > self.max_batch_size or item.future.done():
                 continue
             chosen.append(item)
             total += item.size

@@ -1,6 +1,8 @@
-"""A served model's configuration: ``config.json`` (Triton's config.pbtxt fields, as JSON) and defaults.
+"""A served model's configuration: ``config.json`` (Triton's config.pbtxt fields, as JSON), Triton's
+own ``config.pbtxt`` (read by :mod:`ferry.serving._pbtxt`), and defaults.
 
-``REPO/<model>/config.json`` is optional. Its keys (all optional, no others)::
+``REPO/<model>/config.json`` or ``REPO/<model>/config.pbtxt`` is optional (not both). config.json's
+keys (all optional, no others)::
 
     {"max_batch_size": 8,
      "dynamic_batching": {"max_queue_delay_microseconds": 500, "preferred_batch_size": [4, 8]},
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,12 +37,14 @@ from typing import Any, Literal
 from ferry.errors import FerryError, InvalidInputError, ModelLoadError
 
 __all__ = [
+    "CONFIG_FILES",
     "DEFAULT_MAX_BATCH_SIZE",
     "DEFAULT_QUEUE_DELAY_US",
     "PRECISIONS",
     "ConfigError",
     "ModelConfig",
     "ResolvedConfig",
+    "TensorConfig",
     "VersionPolicy",
     "batch_dim_problem",
     "check_precision",
@@ -49,6 +54,10 @@ __all__ = [
     "triton_config",
 ]
 
+logger = logging.getLogger(__name__)
+
+#: The config files a model folder may hold (one at most).
+CONFIG_FILES = ("config.json", "config.pbtxt")
 #: ``max_batch_size`` given to a model whose inputs and outputs all have a variable leading dim.
 DEFAULT_MAX_BATCH_SIZE = 8
 #: The dynamic batcher's default wait for more requests. Small: on a CPU most batching comes from
@@ -96,6 +105,32 @@ class VersionPolicy:
 
 
 @dataclasses.dataclass(frozen=True)
+class TensorConfig:
+    """An input or output as config.pbtxt declares it (Triton's ``ModelInput``/``ModelOutput``).
+
+    Attributes:
+        name: the tensor's name in the model.
+        data_type: Triton's type name (``TYPE_FP32``).
+        dims: the shape clients send or receive, -1 for a variable dim, without the batch dim when
+            the model batches.
+        reshape: the model's own shape (same conventions) when it differs from ``dims``: requests
+            are reshaped to it, and outputs from it; None: the model's shape is ``dims``.
+        format: Triton's ``format`` (``FORMAT_NCHW``...), shown by ``/config``.
+    """
+
+    name: str
+    data_type: str
+    dims: tuple[int, ...]
+    reshape: tuple[int, ...] | None = None
+    format: str = "FORMAT_NONE"
+
+    @property
+    def model_dims(self) -> tuple[int, ...]:
+        """The dims the model itself has (``reshape`` when given, else ``dims``)."""
+        return self.dims if self.reshape is None else self.reshape
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """A model's config as written: None marks what the model itself decides (see the module doc).
 
@@ -109,6 +144,12 @@ class ModelConfig:
         backends: engines in priority order; None: the server's.
         precision: the precision to run in (one of :data:`PRECISIONS`); None: the server's.
         version_policy: which versions are served.
+        inputs: the inputs config.pbtxt declares (checked against the model; empty: none).
+        outputs: the outputs config.pbtxt declares.
+        model_filename: the file (or artifact folder) each version folder serves (Triton's
+            ``default_model_filename``); None: ``model.onnx``, the one ``*.onnx`` or artifact.
+        source: the config file (for messages); None: defaults or a load request's config.
+        warnings: what the config asks for that ferry does not do, in words (logged).
     """
 
     max_batch_size: int | None = None
@@ -119,6 +160,11 @@ class ModelConfig:
     backends: tuple[str, ...] | None = None
     precision: str | None = None
     version_policy: VersionPolicy = dataclasses.field(default_factory=VersionPolicy)
+    inputs: tuple[TensorConfig, ...] = ()
+    outputs: tuple[TensorConfig, ...] = ()
+    model_filename: str | None = None
+    source: str | None = None
+    warnings: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,27 +192,39 @@ _INSTANCE_KEYS = {"count", "kind", "name"}
 
 
 def read_config(model_dir: str | os.PathLike[str], name: str) -> tuple[ModelConfig, str | None]:
-    """Read ``model_dir/config.json`` if there is one.
+    """Read ``model_dir/config.json`` or ``model_dir/config.pbtxt`` if there is one.
 
     Returns:
         The config (defaults when there is no file) and the file's text (None without a file),
         which the repository compares to notice edits.
 
     Raises:
-        ConfigError: the file cannot be read or parsed, or breaks a rule.
+        ConfigError: the file cannot be read or parsed, or breaks a rule; both files are there.
     """
-    path = Path(model_dir) / "config.json"
+    folder = Path(model_dir)
+    found = [folder / f for f in CONFIG_FILES if (folder / f).exists()]
+    if not found:
+        return ModelConfig(), None
+    if len(found) > 1:
+        raise ConfigError(
+            f"model {name!r} has both {found[0]} and {found[1]}; keep one (config.pbtxt is "
+            "Triton's format, config.json the same fields as JSON)"
+        )
+    (path,) = found
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return ModelConfig(), None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read {path}: {e}") from e
+    if path.suffix == ".pbtxt":
+        from ferry.serving._pbtxt import parse_pbtxt
+
+        return parse_pbtxt(text, name, source=str(path)), text
     try:
         data = json.loads(text)
     except ValueError as e:
         raise ConfigError(f"{path} is not valid JSON: {e}") from None
-    return parse_config(data, name, source=str(path)), text
+    config = parse_config(data, name, source=str(path))
+    return dataclasses.replace(config, source=str(path)), text
 
 
 def parse_config(data: Any, name: str, *, source: str = "config") -> ModelConfig:
@@ -395,6 +453,8 @@ def resolve_config(
         raise ConfigError(
             f"model {name!r}: preferred_batch_size {preferred[-1]} is above max_batch_size {max_batch}"
         )
+    if config.inputs or config.outputs:
+        _check_declared(config, name, inputs, outputs, batched=max_batch > 0)
     return ResolvedConfig(
         max_batch_size=max_batch,
         dynamic_batching=bool(dynamic) and max_batch > 0,
@@ -402,6 +462,87 @@ def resolve_config(
         preferred_batch_sizes=preferred,
         instance_count=config.instance_count,
     )
+
+
+def _check_declared(
+    config: ModelConfig, name: str, inputs: Sequence[Any], outputs: Sequence[Any], *, batched: bool
+) -> None:
+    """Check the tensors a config.pbtxt declares against the model's (Triton's rules): names,
+    data types, and dims (``reshape`` when given) with -1 where the model's dim is variable; with
+    ``batched`` the model's leading (batch) dim is not in ``dims``. Every model input must be
+    declared when any is; outputs may be a subset (the others are served too, with a warning)."""
+    where = f"{config.source or 'config'} of model {name!r}"
+    for kind, declared, specs in (
+        ("input", config.inputs, inputs),
+        ("output", config.outputs, outputs),
+    ):
+        if not declared:
+            continue
+        by_name = {s.name: s for s in specs}
+        listed = ", ".join(map(repr, by_name)) or "none"
+        for tensor in declared:
+            spec = by_name.get(tensor.name)
+            if spec is None:
+                raise ConfigError(
+                    f"{where}: {kind} {tensor.name!r} is not in the model; its {kind}s are {listed}"
+                )
+            model_type = _triton_type_of(spec)
+            if model_type is not None and model_type != tensor.data_type:
+                raise ConfigError(
+                    f"{where}: {kind} {tensor.name!r} is {model_type} in the model, but the "
+                    f"config says {tensor.data_type}"
+                )
+            problem = _dims_problem(spec.shape, tensor.model_dims, batched)
+            if problem is not None:
+                what = "reshape" if tensor.reshape is not None else "dims"
+                raise ConfigError(
+                    f"{where}: {kind} {tensor.name!r} has {what} {list(tensor.model_dims)}, "
+                    f"but {problem}"
+                )
+        missing = [n for n in by_name if n not in {t.name for t in declared}]
+        if missing and kind == "input":
+            raise ConfigError(
+                f"{where}: the model's input {', '.join(map(repr, missing))} is not declared; "
+                "declare every input (or none)"
+            )
+        if missing:
+            logger.warning(
+                "%s: the model's output %s is not declared; it is served too",
+                where,
+                ", ".join(map(repr, missing)),
+            )
+
+
+def _triton_type_of(spec: Any) -> str | None:
+    """The model tensor's type as Triton names it (``TYPE_FP32``); None when it has none."""
+    if getattr(spec, "onnx_type", None) == "STRING":
+        return "TYPE_STRING"
+    if getattr(spec, "dtype", None) is None:
+        return None
+    from ferry.errors import InvalidInputError
+    from ferry.serving._codec import datatype_of
+
+    try:
+        return _TRITON_TYPES[datatype_of(spec.dtype)]
+    except (InvalidInputError, KeyError):
+        return None
+
+
+def _dims_problem(
+    shape: Sequence[Any] | None, declared: Sequence[int], batched: bool
+) -> str | None:
+    """Why ``declared`` dims do not fit the model's ``shape`` (None when they do)."""
+    if shape is None:
+        return None  # unknown rank: the engine checks at run time
+    dims = list(shape[1:] if batched else shape)
+    model = [d if isinstance(d, int) else -1 for d in dims]
+    batch_note = " after its batch dim" if batched else ""
+    if len(model) != len(declared):
+        return f"the model has {len(model)} dims{batch_note}: {model}"
+    for axis, (want, got) in enumerate(zip(model, declared)):
+        if want != -1 and got != want:
+            return f"the model's dim {axis}{batch_note} is {want} (model dims: {model})"
+    return None
 
 
 _TRITON_TYPES = {

@@ -4,9 +4,10 @@ Layout::
 
     REPO/
       <model>/
-        config.json            optional (see ferry.serving._config)
+        config.json            optional (see ferry.serving._config); or Triton's config.pbtxt
         <version>/             an integer: 1, 2, 3...
           model.onnx           or the one *.onnx file, or one artifact folder holding model.onnx
+                               (or the config's default_model_filename)
 
 A single ``.onnx`` file or artifact folder is served as a repository of one model, named after the
 file's stem (the folder's name), version 1.
@@ -18,6 +19,9 @@ ones. A model's (re)load happens in the background: its versions keep serving un
 loaded and warmed up, then the routing switches in one step (on the event loop, so no request sees a
 half-switched model) and the versions it replaced finish their in-flight requests before they are
 dropped. A load that fails keeps what was serving and is reported by :meth:`ModelRepository.index`.
+
+A version is READY once it loaded and its warm-up passed; :meth:`ModelRepository.unready` says what
+keeps the repository from being all READY (Triton's strict readiness).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from ferry.serving._config import (
     parse_config,
     read_config,
 )
+from ferry.serving._declared import DeclaredVersion
 from ferry.serving._metrics import Metrics, VersionRecorder
 from ferry.serving._scheduler import ModelVersion, available_cores, load_version
 
@@ -104,12 +109,20 @@ def list_models(root: Path) -> list[str]:
     return names
 
 
-def find_model_file(version_dir: Path) -> Path:
-    """The model in a version folder: ``model.onnx``, the one ``*.onnx``, or one artifact folder.
+def find_model_file(version_dir: Path, filename: str | None = None) -> Path:
+    """The model in a version folder: ``model.onnx``, the one ``*.onnx``, or one artifact folder;
+    with ``filename`` (config.pbtxt's ``default_model_filename``), that file or artifact folder.
 
     Raises:
         ModelLoadError: none of these, or more than one candidate.
     """
+    if filename is not None:
+        named = version_dir / filename
+        if named.is_file() or (named / "model.onnx").is_file():
+            return named
+        raise ModelLoadError(
+            f"{version_dir} holds no {filename!r} (the config's default_model_filename)"
+        )
     direct = version_dir / "model.onnx"
     if direct.is_file():
         return direct
@@ -176,6 +189,7 @@ class _Entry:
     fingerprints: dict[int, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
     failed: dict[int, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
     config_key: str | None = None
+    warned_key: str | None = None  # the config whose warnings were logged
     override: dict[str, Any] | None = None
     error: str | None = None
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
@@ -368,6 +382,9 @@ class ModelRepository:
             raise ModelNotFoundError(f"no model {name!r} in the repository {self.source}")
         async with entry.lock:
             self._unload_entry(entry, "unloaded")
+            for number in entry.states:  # failed versions too: nothing of it should load now
+                entry.states[number] = (UNAVAILABLE, "unloaded")
+            entry.error = None
             entry.override = None
             entry.config_key = None
             entry.fingerprints.clear()
@@ -419,6 +436,32 @@ class ModelRepository:
 
     def all_serving(self) -> list[ModelVersion]:
         return [v for name in sorted(self._entries) for v in self.serving(name)]
+
+    def unready(self) -> list[str]:
+        """Why not every model that should be loaded is READY, one line per model or version
+        (empty when all are): Triton's strict readiness. A model should be loaded when it was
+        asked for (at start, by polling, by a load request) and not unloaded since; a version
+        that failed to load or warm up, is still loading, or a model whose config is broken
+        and serves nothing, counts. A failed reload that left the previous load serving does not.
+        """
+        if not self.started:
+            return ["the models are still loading"]
+        out: list[str] = []
+        for name in sorted(self._entries):
+            entry = self._entries[name]
+            if entry.error is not None and not entry.serving:
+                out.append(f"model {name!r}: {entry.error}")
+                continue
+            if not entry.states and not entry.serving:
+                out.append(f"model {name!r} is loading")
+                continue
+            for version, (state, reason) in sorted(entry.states.items()):
+                if state != READY and reason != "unloaded":
+                    out.append(
+                        f"model {name!r} version {version} is {state}"
+                        + (f": {reason}" if reason else "")
+                    )
+        return out
 
     async def index(self, ready_only: bool = False, engines: bool = False) -> list[dict[str, str]]:
         """Triton's repository index: ``[{"name", "version", "state", "reason"}]``.
@@ -530,7 +573,7 @@ class ModelRepository:
         for number in chosen:
             folder = available[number]
             try:
-                model_file = find_model_file(folder)
+                model_file = find_model_file(folder, config.model_filename)
             except (ModelLoadError, OSError) as e:
                 versions[number] = VersionFiles(number, None, _fingerprint(folder), str(e))
                 continue
@@ -566,6 +609,10 @@ class ModelRepository:
             entry.error = None
             if override is not None:
                 entry.override = override
+            if scan.config.warnings and scan.config_key != entry.warned_key:
+                for warning in scan.config.warnings:
+                    logger.warning("%s", warning)
+            entry.warned_key = scan.config_key
             config_changed = scan.config_key != entry.config_key
             wanted = scan.versions
             for number in [n for n in entry.failed if n not in wanted]:
@@ -616,8 +663,8 @@ class ModelRepository:
                     entry.states[number] = (UNAVAILABLE, "unloaded")
                     entry.fingerprints.pop(number, None)
             for number in [n for n in entry.states if n not in wanted and n not in serving]:
-                if entry.states[number][0] == LOADING:
-                    entry.states[number] = (UNAVAILABLE, "unloaded")
+                # Not selected any more (or gone): whatever it was, nothing of it should load.
+                entry.states[number] = (UNAVAILABLE, "unloaded")
             if all_loaded:
                 entry.config_key = scan.config_key
             entry.serving = serving  # the switch: one assignment, on the event loop
@@ -652,7 +699,8 @@ class ModelRepository:
             logger.exception("model %r version %d failed to load", name, files.version)
             return f"internal error: {type(e).__name__}: {e}"
         recorder = VersionRecorder(self.metrics, name, str(files.version))
-        version = ModelVersion(name, files.version, loaded, recorder, config)
+        kind = DeclaredVersion if config.inputs or config.outputs else ModelVersion
+        version = kind(name, files.version, loaded, recorder, config)
         version.start()
         logger.info("model %r version %d is ready", name, files.version)
         return version

@@ -82,7 +82,6 @@ class LoadedModel:
         model_file: what was loaded.
         input_types: KServe datatype of each input, in the model's order.
         output_types: KServe datatype of each output, in the model's order.
-        warmup_error: why warm-up failed (the model serves anyway), or None.
     """
 
     sessions: list[Any]
@@ -94,7 +93,6 @@ class LoadedModel:
     output_types: dict[str, str]
     precision: str | None = None
     precisions: dict[str, str] = dataclasses.field(default_factory=dict)
-    warmup_error: str | None = None
 
     @property
     def precision_text(self) -> str:
@@ -151,7 +149,8 @@ def load_version(
     config that names none.
 
     Raises:
-        FerryError: the model cannot be loaded, a backend is missing, or the config does not fit.
+        FerryError: the model cannot be loaded, a backend is missing, the config does not fit,
+            or the warm-up failed (ModelLoadError: a version that cannot run is not READY).
     """
     from ferry.backends import parse_backends
     from ferry.runtime import load
@@ -178,11 +177,9 @@ def load_version(
         precisions=_engine_precisions(first),
     )
     if warmup:
-        loaded.warmup_error = warm_up(loaded)
-        if loaded.warmup_error:
-            logger.warning(
-                "model %r: warm-up failed (%s); serving it anyway", name, loaded.warmup_error
-            )
+        error = warm_up(loaded)
+        if error:
+            raise ModelLoadError(f"model {name!r}: warm-up failed: {error}")
     return loaded
 
 
@@ -204,33 +201,52 @@ def _engine_precisions(session: Any) -> dict[str, str]:
 
 
 def warm_up(loaded: LoadedModel) -> str | None:
-    """Run every instance on generated inputs; return why it failed, or None."""
-    from ferry.runtime import random_feeds
+    """Run every instance on generated inputs; return why it failed, or None.
+
+    Generated inputs can be wrong for a model that reads its data (indices, shapes), so the
+    warm-up passes when one of three input sets runs everywhere: random values with variable dims
+    of 1; ones (index 1, shape [1, 1]...); random values with variable dims past the first of
+    :data:`ferry.runtime.GUESSED_SIZE`. A model no set runs fails with the first set's error.
+    Inputs that cannot be generated (unknown rank, a type ferry cannot make) skip the warm-up.
+    """
+    from ferry.runtime import GUESSED_SIZE, random_feeds
 
     specs = loaded.inputs
-    sizes = [1]
-    if loaded.resolved.max_batch_size > 1:
-        sizes.append(loaded.resolved.max_batch_size)
-    try:
-        for size in sizes:
-            shapes = {
-                s.name: tuple(
-                    size
-                    if axis == 0 and loaded.resolved.max_batch_size
-                    else (d if isinstance(d, int) else 1)
-                    for axis, d in enumerate(s.shape)
-                )
-                for s in specs
-                if s.shape is not None
-            }
-            feeds = random_feeds(specs, shapes)
-            for session in loaded.sessions:
-                session.run(feeds)
-    except FerryError as e:
-        return str(e)
-    except Exception as e:  # the engine's own errors on made-up inputs: not a reason to refuse
-        return f"{type(e).__name__}: {e}"
-    return None
+    max_batch = loaded.resolved.max_batch_size
+    sizes = [1, max_batch] if max_batch > 1 else [1]
+
+    def feeds(size: int, guess: bool, ones: bool) -> dict[str, np.ndarray]:
+        shapes = {
+            s.name: tuple(
+                size
+                if axis == 0 and max_batch
+                else (d if isinstance(d, int) else (GUESSED_SIZE if guess and axis else 1))
+                for axis, d in enumerate(s.shape)
+            )
+            for s in specs
+            if s.shape is not None
+        }
+        made = random_feeds(specs, shapes)
+        if ones:
+            made = {k: v if v.dtype == object else np.ones_like(v) for k, v in made.items()}
+        return made
+
+    first: str | None = None
+    for guess, ones in ((False, False), (False, True), (True, False)):
+        try:
+            sets = [feeds(size, guess, ones) for size in sizes]
+        except FerryError as e:
+            logger.warning("cannot make warm-up inputs (%s); the model loads without one", e)
+            return None
+        try:
+            for made in sets:
+                for session in loaded.sessions:
+                    session.run(made)
+        except Exception as e:  # the engine's own errors too
+            first = first or (str(e) if isinstance(e, FerryError) else f"{type(e).__name__}: {e}")
+            continue
+        return None
+    return first
 
 
 @dataclasses.dataclass
@@ -257,8 +273,15 @@ class InstancePool:
         self._free.put_nowait(instance)
 
     def shutdown(self) -> None:
+        """Stop the threads (each after the run it is in, if any) and drop the engines.
+
+        The engines are released here, on the event loop's thread (one still running a request
+        cut off by the drain timeout, by its own thread when that run ends), never left for the
+        interpreter to tear down at exit.
+        """
         for instance in self.instances:
             instance.executor.shutdown(wait=False)
+            instance.session = None
 
 
 class ModelVersion:
@@ -347,10 +370,12 @@ class ModelVersion:
     async def close(self) -> None:
         """Wait for in-flight requests, stop the batcher, release the threads and engines."""
         self.closed = True
-        await self._idle.wait()
+        while self._in_flight:  # an Event wakes its waiter even when cleared again meanwhile
+            await self._idle.wait()
         if self.batcher is not None:
             await self.batcher.close()
         self.pool.shutdown()
+        self.loaded.sessions = []
 
     # -- the request path ----------------------------------------------------------------------
 

@@ -2,9 +2,18 @@
 shutdown; ``ferry serve`` and ``ferry agent`` both run this way.
 
 The socket is bound before uvicorn starts (:func:`bind`), so a port in use is a clear error rather
-than a thread that quietly exits, and ``port=0`` gives a free port known at once. Shutting down
-stops accepting connections, lets the requests in flight finish (uvicorn waits for them), then the
-app's lifespan releases what it holds (the models' queues and threads, the agent's jobs).
+than a thread that quietly exits, and ``port=0`` gives a free port known at once.
+
+Shutting down drains: the listening socket closes (no new connections), the requests in flight run
+to the end, up to ``drain_timeout`` seconds (what still runs then is cut off, and logged with a
+count), and only then does uvicorn close the idle connections and the app's lifespan release what
+it holds (the models' queues, threads and engines; the agent's jobs). A ferry app (its
+``app.state.ferry``) answers requests that arrive during the drain on connections already open with
+503 and ``Connection: close``, and the ones cut off with 503.
+
+The end of the server thread is an :class:`threading.Event`, never ``Thread.join``: on Python 3.11 a
+``join`` interrupted by Ctrl-C marks the thread finished while it still runs (the interpreter then
+exits under a live server: dropped connections, engines torn down mid-run).
 """
 
 from __future__ import annotations
@@ -21,9 +30,12 @@ from typing import Any
 
 from ferry.errors import BackendUnavailableError, FerryError
 
-__all__ = ["ServerThread", "bind", "sigterm_interrupts"]
+__all__ = ["DEFAULT_DRAIN_TIMEOUT", "ServerThread", "bind", "sigterm_interrupts"]
 
 logger = logging.getLogger(__name__)
+
+#: Seconds the requests in flight get to finish at shutdown, by default.
+DEFAULT_DRAIN_TIMEOUT = 30.0
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -59,7 +71,8 @@ class ServerThread:
 
     ``with ServerThread(app, port=0) as server:`` returns once the server accepts connections and,
     for an app made by :func:`~ferry.serving.create_app`, its start-up models have been tried;
-    ``server.url`` is where it listens. Leaving the block shuts it down gracefully.
+    ``server.url`` is where it listens. Leaving the block shuts it down gracefully: see the module's
+    description of the drain; :attr:`drained` and :attr:`cut_off` then say how it went.
 
     Args:
         app: the ASGI app.
@@ -67,7 +80,8 @@ class ServerThread:
         port: the port; 0 picks a free one.
         ready_timeout: seconds to wait for start-up.
         log_level: uvicorn's log level.
-        graceful_timeout: seconds in-flight requests get to finish at shutdown (None: no limit).
+        drain_timeout: seconds the requests in flight get to finish at shutdown (None: no limit);
+            what still runs then is cut off.
     """
 
     def __init__(
@@ -78,16 +92,27 @@ class ServerThread:
         *,
         ready_timeout: float = 600.0,
         log_level: str = "warning",
-        graceful_timeout: float | None = None,
+        drain_timeout: float | None = DEFAULT_DRAIN_TIMEOUT,
     ) -> None:
+        if drain_timeout is not None and not drain_timeout >= 0:
+            raise FerryError(f"the drain timeout must be 0 or more seconds, got {drain_timeout}")
         self.app = app
         self.host = host
         self.port = port
         self.ready_timeout = ready_timeout
         self.log_level = log_level
-        self.graceful_timeout = graceful_timeout
+        self.drain_timeout = drain_timeout
+        #: Requests in flight when the drain began that finished (set once the server stopped).
+        self.drained = 0
+        #: Requests still running at the drain timeout, cut off.
+        self.cut_off = 0
+        #: Seconds the drain took.
+        self.drain_seconds = 0.0
+        #: True once a second interrupt (or :meth:`force_stop`) stopped the server at once.
+        self.forced = False
         self._server: Any = None
         self._thread: threading.Thread | None = None
+        self._done = threading.Event()
         self._error: BaseException | None = None
 
     @property
@@ -119,11 +144,11 @@ class ServerThread:
             access_log=False,
             # No proxy in front by default; its per-request header rewriting costs for nothing.
             proxy_headers=False,
-            timeout_graceful_shutdown=(
-                None if self.graceful_timeout is None else max(1, round(self.graceful_timeout))
-            ),
+            # The drain runs before uvicorn's own shutdown, which then only closes connections
+            # (this is set to what is left of the drain timeout when it starts).
+            timeout_graceful_shutdown=None,
         )
-        self._server = uvicorn.Server(config)
+        self._server = _draining_server_class()(config, self)
 
         def run() -> None:
             try:
@@ -132,12 +157,14 @@ class ServerThread:
                 self._error = e
             finally:
                 sock.close()
+                self._done.set()
 
+        self._done.clear()
         self._thread = threading.Thread(target=run, name="ferry-server", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + self.ready_timeout
         while not self._server.started:
-            if not self._thread.is_alive():
+            if self._done.is_set():
                 raise FerryError(f"the server failed to start: {self._error or 'see the log'}")
             if time.monotonic() > deadline:
                 self.stop()
@@ -154,18 +181,22 @@ class ServerThread:
         return self
 
     def stop(self, timeout: float | None = None) -> None:
-        """Shut down gracefully: in-flight requests finish, then the models are released."""
+        """Shut down gracefully: drain the requests in flight, then release the models.
+
+        Waits for the server to stop (at most ``timeout`` seconds when given).
+        """
         if self._server is None or self._thread is None:
             return
         state = getattr(getattr(self.app, "state", None), "ferry", None)
         if state is not None:
-            state.draining = True  # readiness turns false while requests drain
+            state.draining = True  # readiness turns false; new requests get 503
         self._server.should_exit = True
-        self._thread.join(timeout)
+        self.join(timeout)
 
     def force_stop(self) -> None:
         """Stop without waiting for in-flight requests."""
         if self._server is not None:
+            self.forced = True
             self._server.force_exit = True
             self._server.should_exit = True
 
@@ -177,23 +208,29 @@ class ServerThread:
         with :func:`sigterm_interrupts`, SIGTERM drains it the same way.
         """
         try:
-            while self.is_alive():
-                self.join(0.5)
+            while not self._done.wait(0.5):
+                pass
+            return
         except KeyboardInterrupt:
+            pass
+        try:
             if on_interrupt is not None:
                 on_interrupt()
-            try:
-                self.stop()
-            except KeyboardInterrupt:
-                self.force_stop()
-                self.join(5)
+            self.stop()
+        except KeyboardInterrupt:
+            self.force_stop()
+            self._done.wait(5)
 
     def is_alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread is not None and not self._done.is_set()
 
     def join(self, timeout: float | None = None) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)
+        """Wait for the server thread to end (at most ``timeout`` seconds when given)."""
+        if self._thread is None or not self._done.wait(timeout):
+            return
+        # The thread has left its work; this join returns at once (and is never the one a
+        # Ctrl-C interrupts while the thread still serves).
+        self._thread.join(5)
 
     def __enter__(self) -> ServerThread:
         return self.start()
@@ -205,6 +242,82 @@ class ServerThread:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+_DRAIN_POLL_S = 0.02
+
+
+async def _drain(server: Any, owner: ServerThread) -> None:
+    """Stop accepting connections and let the requests in flight finish (on the server's loop).
+
+    The requests still running at ``owner.drain_timeout`` are cancelled: a ferry app answers them
+    503. Then uvicorn's shutdown closes the connections (idle ones at once, the others once their
+    response is out) within what is left of the timeout, at least a second.
+    """
+    import asyncio
+
+    started = time.monotonic()
+    timeout = owner.drain_timeout
+    deadline = None if timeout is None else started + timeout
+    for listener in getattr(server, "servers", []):
+        listener.close()  # new connections are refused from here on
+    tasks: set[Any] = server.server_state.tasks  # uvicorn's: one per request being answered
+    in_flight = len(tasks)
+    while tasks and not server.force_exit:
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(_DRAIN_POLL_S)
+    owner.drain_seconds = time.monotonic() - started
+    if server.force_exit:
+        return
+    running = [t for t in tasks if not t.done()]
+    if running:
+        owner.cut_off = len(running)
+        state = getattr(getattr(owner.app, "state", None), "ferry", None)
+        if state is not None:
+            state.cut_off = True  # the app answers them 503
+        logger.warning(
+            "drain: %d request%s still running after %s s %s cut off",
+            len(running),
+            "" if len(running) == 1 else "s",
+            f"{timeout:g}",
+            "was" if len(running) == 1 else "were",
+        )
+        for task in running:
+            task.cancel()
+        await asyncio.wait(running, timeout=1.0)
+    owner.drained = max(0, in_flight - owner.cut_off)
+    if not running:
+        logger.info(
+            "drain: %d request%s in flight finished in %.2f s",
+            in_flight,
+            "" if in_flight == 1 else "s",
+            owner.drain_seconds,
+        )
+    if deadline is not None:
+        server.config.timeout_graceful_shutdown = max(1.0, deadline - time.monotonic())
+
+
+_SERVER_CLASS: Any = None
+
+
+def _draining_server_class() -> Any:
+    """uvicorn's ``Server`` with the drain between its main loop and its shutdown."""
+    global _SERVER_CLASS
+    if _SERVER_CLASS is None:
+        import uvicorn
+
+        class DrainingServer(uvicorn.Server):
+            def __init__(self, config: Any, owner: ServerThread) -> None:
+                super().__init__(config)
+                self._owner = owner
+
+            async def main_loop(self) -> None:
+                await super().main_loop()
+                await _drain(self, self._owner)
+
+        _SERVER_CLASS = DrainingServer
+    return _SERVER_CLASS
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
