@@ -479,13 +479,14 @@ def _free_port() -> int:
 def build_repository(repo: Path, models: list[BenchModel], delay_us: int, instances: int) -> None:
     """``repo/<name>_plain`` (no batching) and ``repo/<name>_batched`` for each model."""
     for bench in models:
-        group = [{"count": instances}]
+        # instances 0: no instance_group, each server's own default (ferry decides per model)
+        group = {"instance_group": [{"count": instances}]} if instances else {}
         configs = {
-            f"{bench.name}_plain": {"max_batch_size": 0, "instance_group": group},
+            f"{bench.name}_plain": {"max_batch_size": 0, **group},
             f"{bench.name}_batched": {
                 "max_batch_size": MAX_BATCH,
                 "dynamic_batching": {"max_queue_delay_microseconds": delay_us},
-                "instance_group": group,
+                **group,
             },
         }
         for model, config in configs.items():
@@ -598,8 +599,10 @@ def triton_server(
                 "path": str(bench.path),
                 "max_batch_size": MAX_BATCH if kind == "batched" else 0,
                 "delay_us": delay_us,
-                "threads": threads,
-                "instances": instances,
+                # instances 0: Triton's defaults, one instance with ONNX Runtime's own thread
+                # count (every core), as a user who writes no config gets
+                "threads": threads if instances else 0,
+                "instances": instances or 1,
             }
             for bench in models
             for kind in ("plain", "batched")
@@ -920,8 +923,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--instances",
         type=int,
-        default=1,
-        help="instance_group count of the models (both servers)",
+        default=0,
+        help="instance_group count of the models on both servers, with ferry's intra-op threads "
+        "on both; 0 (default): each server's defaults (ferry decides per model; Triton runs one "
+        "instance on ONNX Runtime's default threads, every core)",
     )
     parser.add_argument(
         "--perf-analyzer",
@@ -968,7 +973,11 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"ferry {ferry.__version__}, onnxruntime {ort.__version__}, {os.cpu_count()} CPUs "
         f"(load average {load1:.2f} at start), fp32, batch-1 requests; "
-        f"{args.instances} instance(s) per model on both servers"
+        + (
+            f"{args.instances} instance(s) per model on both servers"
+            if args.instances
+            else "each server's default instances and threads"
+        )
     )
     print(
         f"ferry serve in a {args.server}; Triton: {'PyTriton in ' + triton_python if triton_python else 'off'}; "
@@ -990,9 +999,16 @@ def main(argv: list[str] | None = None) -> int:
         build_repository(repo, models, args.delay_us, args.instances)
         with ferry_server(repo, args.server, work) as ferry_srv:
             threads = server_threads(ferry_srv.url, f"{models[0].name}_plain")
-            print(
-                f"each engine instance (raw ORT's, ferry's, Triton's) runs {threads} intra-op thread(s)"
-            )
+            if args.instances:
+                print(
+                    f"each engine instance (raw ORT's, ferry's, Triton's) runs {threads} "
+                    "intra-op thread(s)"
+                )
+            else:
+                print(
+                    f"ferry gave {models[0].name}'s instances {threads} intra-op thread(s) each "
+                    "(raw ORT runs that); Triton runs ONNX Runtime's default (every core)"
+                )
             with contextlib_optional(
                 triton_python is not None,
                 lambda: triton_server(

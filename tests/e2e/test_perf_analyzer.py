@@ -132,9 +132,12 @@ def test_binary_tensors_at_concurrency_1_and_8(
     # It read the server-side statistics around each window: counts, and batching at c=8.
     sections = server_sections(output)
     assert len(sections) == 2, output[-3000:]
-    for counts in sections:
+    for counts, concurrency in zip(sections, (1, 8), strict=True):
         assert counts["Inference count"] > 0
-        assert counts["Successful request count"] == counts["Inference count"]
+        # A run is counted when it ends, its request when answered: the snapshots around a
+        # window may fall between the two for the requests then in flight.
+        gap = counts["Successful request count"] - counts["Inference count"]
+        assert abs(gap) <= concurrency
         assert 0 < counts["Execution count"] <= counts["Inference count"]
     assert "Failed" not in output and "error" not in output.lower(), output[-3000:]
     after = httpx.get(f"{server.url}/v2/models/mlp/stats", timeout=10).json()["model_stats"][0]

@@ -283,3 +283,35 @@ def test_cancelled_requests_are_dropped_and_close_does_not_wait_for_them() -> No
         release.set()
     assert elapsed < 1.0
     assert runs == [1]
+
+
+def test_queued_rows_are_shared_with_idle_instances() -> None:
+    """With two instances free, 8 queued rows run as 4 + 4, not 8 on one and none on the other."""
+    import asyncio
+
+    from ferry.serving._batcher import DynamicBatcher
+
+    seen: list[int] = []
+
+    class Session:
+        def run(self, inputs: dict, outputs=None):  # type: ignore[no-untyped-def]
+            seen.append(len(inputs["x"]))
+            return {"y": inputs["x"] * 2}
+
+    async def main() -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from ferry.serving._scheduler import Instance, InstancePool
+
+        pool = InstancePool([Instance(Session(), ThreadPoolExecutor(1)) for _ in range(2)])
+        batcher = DynamicBatcher(pool, max_batch_size=16, max_queue_delay_us=20_000)
+        batcher.start()
+        rows = [np.full((1, 3), i, np.float32) for i in range(8)]
+        results = await asyncio.gather(*(batcher.submit({"x": r}, None, 1) for r in rows))
+        for row, outcome in zip(rows, results, strict=True):
+            np.testing.assert_array_equal(outcome.outputs["y"], row * 2)
+        await batcher.close()
+        pool.shutdown()
+
+    asyncio.run(main())
+    assert sorted(seen) == [4, 4]

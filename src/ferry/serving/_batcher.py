@@ -41,6 +41,9 @@ __all__ = [
     "run_items",
 ]
 
+#: The finest wait the event loop's timers honour (uvloop rounds to milliseconds).
+_TIMER_RESOLUTION_NS = 1_000_000
+
 
 class _Runner(Protocol):
     def run(
@@ -342,7 +345,16 @@ class DynamicBatcher:
             remaining = deadline - time.perf_counter_ns()
             if remaining <= 0:
                 break
+            if remaining < _TIMER_RESOLUTION_NS:
+                # uvloop's timers count whole milliseconds and fire a shorter one on the next
+                # iteration: waiting out 100 us that way spins the loop. Let one iteration bring
+                # in what has arrived, then go.
+                await asyncio.sleep(0)
+                chosen, total, preferred = self._select(head.key)
+                break
             await self._sleep(remaining / 1e9)
+        if not preferred:
+            chosen = self._share(chosen, total)
         taken = {id(item) for item in chosen}
         self._pending = collections.deque(i for i in self._pending if id(i) not in taken)
         self._rows -= sum(item.size for item in chosen)
@@ -363,6 +375,24 @@ class DynamicBatcher:
     def _wake(self) -> None:
         if self._waiter is not None:
             _resolve(self._waiter)
+
+    def _share(self, chosen: list[_Item], total: int) -> list[_Item]:
+        """``chosen`` cut to its share when other instances are idle: the rows split evenly
+        between this one and them, so that one instance does not run 30 rows while another
+        runs 2 (measured: p99 at 32 clients on a two-instance 1D CNN)."""
+        idle = getattr(self._pool, "idle", None)
+        others = idle() if idle is not None else 0
+        if others <= 0 or len(chosen) <= 1:
+            return chosen
+        share = -(-total // (others + 1))
+        kept: list[_Item] = []
+        rows = 0
+        for item in chosen:
+            if kept and rows + item.size > share:
+                break
+            kept.append(item)
+            rows += item.size
+        return kept
 
     def _select(self, key: tuple[Any, ...]) -> tuple[list[_Item], int, bool]:
         """The queued requests that fit with the oldest; cut to a preferred size when one forms."""

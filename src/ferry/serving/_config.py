@@ -140,7 +140,8 @@ class ModelConfig:
             derived and > 0.
         max_queue_delay_us: how long the batcher waits for more requests.
         preferred_batch_sizes: batch sizes the batcher sends as soon as it can form them.
-        instance_count: copies of the model, each on its own thread.
+        instance_count: copies of the model, each on its own thread; None: decided at load
+            (two for a model whose call takes a millisecond or more, else one).
         backends: engines in priority order; None: the server's.
         precision: the precision to run in (one of :data:`PRECISIONS`); None: the server's.
         version_policy: which versions are served.
@@ -156,7 +157,7 @@ class ModelConfig:
     dynamic_batching: bool | None = None
     max_queue_delay_us: int = DEFAULT_QUEUE_DELAY_US
     preferred_batch_sizes: tuple[int, ...] = ()
-    instance_count: int = 1
+    instance_count: int | None = None
     backends: tuple[str, ...] | None = None
     precision: str | None = None
     version_policy: VersionPolicy = dataclasses.field(default_factory=VersionPolicy)
@@ -329,9 +330,9 @@ def _int(value: Any, key: str, where: str, *, minimum: int, maximum: int | None 
     return value
 
 
-def _instance_count(groups: Any, where: str) -> int:
+def _instance_count(groups: Any, where: str) -> int | None:
     if groups is None:
-        return 1
+        return None
     if not isinstance(groups, list) or not groups:
         raise ConfigError(
             f"{where}: 'instance_group' must be a non-empty list, e.g. [{{\"count\": 2}}]"
@@ -460,7 +461,7 @@ def resolve_config(
         dynamic_batching=bool(dynamic) and max_batch > 0,
         max_queue_delay_us=config.max_queue_delay_us,
         preferred_batch_sizes=preferred,
-        instance_count=config.instance_count,
+        instance_count=config.instance_count or 1,
     )
 
 
