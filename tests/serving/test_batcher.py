@@ -315,3 +315,26 @@ def test_queued_rows_are_shared_with_idle_instances() -> None:
 
     asyncio.run(main())
     assert sorted(seen) == [4, 4]
+
+
+def test_a_batcher_whose_loop_dies_fails_its_requests_instead_of_hanging() -> None:
+    import asyncio
+
+    from ferry.serving._batcher import DynamicBatcher
+
+    class BrokenPool:
+        async def acquire(self) -> object:
+            raise KeyError("a bug in the pool")
+
+        def release(self, instance: object) -> None:
+            pass
+
+    async def main() -> None:
+        batcher = DynamicBatcher(BrokenPool(), max_batch_size=4)
+        batcher.start()
+        with pytest.raises(RuntimeError, match="the batcher stopped: KeyError"):
+            await asyncio.wait_for(batcher.submit({"x": np.ones((1, 2))}, None, 1), 5)
+        with pytest.raises(RuntimeError, match="closed"):
+            await batcher.submit({"x": np.ones((1, 2))}, None, 1)
+
+    asyncio.run(main())

@@ -25,6 +25,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -40,6 +41,8 @@ __all__ = [
     "ExecutionRecord",
     "run_items",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: The finest wait the event loop's timers honour (uvloop rounds to milliseconds).
 _TIMER_RESOLUTION_NS = 1_000_000
@@ -252,6 +255,20 @@ class DynamicBatcher:
         """Start batching (on the running event loop)."""
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._loop())
+            self._task.add_done_callback(self._loop_ended)
+
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        """A batching loop that died (a bug, not a model's error: those fail their batch) fails
+        every queued request and refuses new ones, rather than leaving callers waiting forever."""
+        if task.cancelled() or task.exception() is None:
+            return
+        error = task.exception()
+        logger.error("the batcher stopped: %r; its queued requests fail", error)
+        self._closing = True
+        stopped = RuntimeError(f"the batcher stopped: {error!r}")
+        _fail(list(self._pending), stopped)
+        self._pending.clear()
+        self._rows = 0
 
     @property
     def queued(self) -> int:
