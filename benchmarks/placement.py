@@ -51,8 +51,6 @@ from pathlib import Path
 import numpy as np
 
 import ferry
-from ferry.backends import get_backend, known_backends
-from ferry.errors import FerryError
 from ferry.graph import load_model, prepare
 from ferry.plan import Plan
 from ferry.runtime import auto_plan
@@ -296,21 +294,14 @@ def bench_model(mid: str, work: Path, args: argparse.Namespace) -> Result:
 
 
 def machine() -> str:
-    cpu = "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    versions = [f"ferry {ferry.__version__}"]
-    for name in known_backends():
-        try:
-            versions.append(f"{name} {get_backend(name).version}")
-        except FerryError:
-            continue
-    return f"{cpu}, {os.cpu_count()} cores, {', '.join(versions)}"
+    """The machine and engine versions, as ``ferry bench`` describes a device."""
+    from ferry.bench import device_info
+
+    info = device_info()
+    versions = [f"ferry {info['ferry']}"] + [
+        f"{e['name']} {e['version']}" for e in info["engines"] if e["available"]
+    ]
+    return f"{info['cpu']}, {info['cores']} cores, {', '.join(versions)}"
 
 
 def load_average() -> str:
