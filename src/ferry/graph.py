@@ -44,11 +44,13 @@ __all__ = [
     "named_subgraphs",
     "node_reads",
     "prepare",
+    "proto_shapes",
     "resolve_model_file",
     "save_model",
     "shape_of",
     "subgraphs",
     "summarize",
+    "symbolic_shape_inference",
     "tensor_info",
 ]
 
@@ -556,6 +558,52 @@ def _inferred_value_infos(model: ir.Model) -> onnx.ModelProto | None:
     except Exception as e:  # onnx raises a zoo of types; inference is best effort here
         logger.info("shape inference failed, shapes stay as declared: %s", e)
         return None
+
+
+def symbolic_shape_inference(proto: onnx.ModelProto) -> onnx.ModelProto | None:
+    """ONNX Runtime's symbolic shape inference on ``proto``, what it found even where it did not
+    finish; None where it is not available (it needs sympy) or fails.
+
+    Its public ``infer_shapes`` raises on the first op it cannot infer, losing the rest, and then
+    saves the model in the working directory; this runs the same loop without either.
+    """
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    except Exception as e:  # ImportError without sympy
+        logger.debug("ONNX Runtime's symbolic shape inference is unavailable: %s", e)
+        return None
+    inference = SymbolicShapeInference(2**31 - 1, True, False, 0)
+    try:
+        inference._preprocess(proto)
+        while inference.run_:
+            inference._infer_impl()
+        inference._update_output_from_vi()
+        out = inference.out_mp_
+    except Exception as e:  # best effort, like ONNX's
+        logger.info("ONNX Runtime's symbolic shape inference stopped early: %s", e)
+        found = getattr(inference, "known_vi_", None)
+        if not found:
+            return None
+        out = onnx.ModelProto()
+        out.graph.value_info.extend(
+            vi for name, vi in found.items() if vi.type.HasField("tensor_type") and name
+        )
+    return out if isinstance(out, onnx.ModelProto) else None
+
+
+def proto_shapes(proto: onnx.ModelProto) -> dict[str, tuple[Dim, ...]]:
+    """Each tensor value's shape in ``proto`` (value infos and outputs), where it has one."""
+    shapes: dict[str, tuple[Dim, ...]] = {}
+    for info in (*proto.graph.value_info, *proto.graph.output):
+        if not info.type.HasField("tensor_type"):
+            continue
+        tensor_type = info.type.tensor_type
+        if tensor_type.HasField("shape"):
+            shapes[info.name] = tuple(
+                dim(d.dim_value if d.HasField("dim_value") else (d.dim_param or None))
+                for d in tensor_type.shape.dim
+            )
+    return shapes
 
 
 def _dim(d: Any) -> Dim:

@@ -64,15 +64,16 @@ from ferry.backends._registry import FALLBACK, get_backend, parse_backends
 from ferry.errors import FerryError, InvalidInputError
 from ferry.graph import (
     Dim,
-    dim,
     dtype_name,
     graph_inputs,
     inference_proto,
     load_model,
     node_reads,
     prepare,
+    proto_shapes,
     shape_of,
     subgraphs,
+    symbolic_shape_inference,
 )
 from ferry.plan import Partition, Plan, boundary, is_constant, is_constant_node
 
@@ -1122,56 +1123,16 @@ def _shapes_at(
     found: list[dict[str, tuple[Dim, ...]]] = []
     try:
         found.append(
-            _proto_shapes(
+            proto_shapes(
                 onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
             )
         )
     except Exception as e:  # onnx raises a zoo of types; inference is best effort here
         logger.info("ONNX shape inference failed at the given shapes: %s", e)
-    symbolic = _ort_symbolic_shapes(proto)
+    symbolic = symbolic_shape_inference(proto)
     if symbolic is not None:
-        found.append(_proto_shapes(symbolic))
+        found.append(proto_shapes(symbolic))
     return found
-
-
-def _ort_symbolic_shapes(proto: onnx.ModelProto) -> onnx.ModelProto | None:
-    """ONNX Runtime's symbolic shape inference on ``proto``, what it found even where it did not
-    finish; None where it is not available (it needs sympy) or fails.
-
-    Its public ``infer_shapes`` raises on the first op it cannot infer, losing the rest, and then
-    saves the model in the working directory; this runs the same loop without either.
-    """
-    try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-    except Exception as e:  # ImportError without sympy
-        logger.debug("ONNX Runtime's symbolic shape inference is unavailable: %s", e)
-        return None
-    try:
-        inference = SymbolicShapeInference(2**31 - 1, True, False, 0)
-        inference._preprocess(proto)
-        while inference.run_:
-            inference._infer_impl()
-        inference._update_output_from_vi()
-        out = inference.out_mp_
-    except Exception as e:  # best effort, like ONNX's
-        logger.info("ONNX Runtime's symbolic shape inference failed at the given shapes: %s", e)
-        return None
-    return out if isinstance(out, onnx.ModelProto) else None
-
-
-def _proto_shapes(proto: onnx.ModelProto) -> dict[str, tuple[Dim, ...]]:
-    """Each tensor value's shape in ``proto`` (value infos and outputs), where it has one."""
-    shapes: dict[str, tuple[Dim, ...]] = {}
-    for info in (*proto.graph.value_info, *proto.graph.output):
-        if not info.type.HasField("tensor_type"):
-            continue
-        tensor_type = info.type.tensor_type
-        if tensor_type.HasField("shape"):
-            shapes[info.name] = tuple(
-                dim(d.dim_value if d.HasField("dim_value") else (d.dim_param or None))
-                for d in tensor_type.shape.dim
-            )
-    return shapes
 
 
 def _with_input_shapes(model: ir.Model, fixed: Mapping[str, tuple[int, ...]]) -> ir.Model:

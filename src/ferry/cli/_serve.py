@@ -38,6 +38,14 @@ from ferry.serving import DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
     "Runtime runs fp32 only: a model it alone runs then fails to load). Default: fp32.",
 )
 @click.option(
+    "--optimize",
+    type=click.Choice(["none", "basic", "extended"]),
+    default="none",
+    show_default=True,
+    help="Optimize models whose config names no 'optimize' at load (ferry optimize --level), "
+    "for their first engine; a result that computes something else or runs slower is not used.",
+)
+@click.option(
     "--api-key",
     envvar="FERRY_API_KEY",
     default=None,
@@ -92,6 +100,7 @@ def command(
     port: int,
     backends: str | None,
     precision: str | None,
+    optimize: str,
     api_key: str | None,
     max_request_bytes: int,
     poll: float | None,
@@ -121,6 +130,7 @@ def command(
         source,
         backends=backends,
         precision=precision,
+        optimize=None if optimize == "none" else optimize,
         api_key=api_key,
         max_request_bytes=max_request_bytes,
         poll_interval=poll,

@@ -64,6 +64,7 @@ def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
       ferry info model.onnx
       ferry run model.onnx --random
       ferry convert model.onnx -o model17.onnx --opset 17
+      ferry optimize model.onnx -o model.opt.onnx
       ferry bench model.onnx --iterations 200
     """
     ctx.ensure_object(dict)
@@ -80,6 +81,7 @@ def _register() -> None:
         "info",
         "run",
         "convert",
+        "optimize",
         "plan",
         "bench",
         "agent",

@@ -11,6 +11,7 @@ from ferry.runtime._auto import (
     Candidate,
     artifact_shapes,
     auto_plan,
+    block_medians,
     machine_fingerprint,
     timing_feeds,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "all_values",
     "artifact_shapes",
     "auto_plan",
+    "block_medians",
     "compile_partition",
     "concrete_shape",
     "default_cache_dir",

@@ -30,7 +30,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -369,41 +369,47 @@ def _plan_signature(plan: Plan) -> str:
 def time_in_blocks(
     sessions: list[tuple[Candidate, Any]], feeds: Mapping[str, np.ndarray], budget_s: float
 ) -> None:
-    """Set each candidate's ``latency_ms``: the median per-call time over rounds in which every
-    session runs a block of calls in turn (the order reversing each round).
+    """Set each candidate's ``latency_ms`` (see :func:`block_medians`)."""
+    runs = [(lambda s=session: s.run(dict(feeds))) for _, session in sessions]
+    for (candidate, _), seconds in zip(sessions, block_medians(runs, budget_s), strict=True):
+        candidate.latency_ms = seconds * 1000
+
+
+def block_medians(runs: Sequence[Callable[[], Any]], budget_s: float) -> list[float]:
+    """Each call's median time in seconds, over rounds in which every ``run`` makes a block of
+    calls in turn (the order reversing each round), for about ``budget_s`` (at least 3 rounds).
 
     A block lasts about :data:`_BLOCK_S` (at least one call) and starts with a tenth as many
     untimed calls (at least one): an engine called right after another one's block first wakes
     its worker threads and refills its caches (measured: OpenVINO at 0.7 ms right after ONNX
     Runtime, 0.16 ms when warm, on a 0.14 ms model; 24 ms against 17 ms on a 17 ms audio model).
     """
-    calls: dict[int, tuple[int, int]] = {}
-    for candidate, session in sessions:  # warm up (first calls allocate), then size the block
+    calls: list[tuple[int, int]] = []
+    for run in runs:  # warm up (first calls allocate), then size the block
         for _ in range(2):
-            session.run(dict(feeds))
+            run()
         start = time.perf_counter()
         for _ in range(3):
-            session.run(dict(feeds))
+            run()
         each = max((time.perf_counter() - start) / 3, 1e-6)
         n = max(1, min(1000, int(_BLOCK_S / each)))
-        calls[id(candidate)] = (n, max(1, n // 10))
-    blocks: dict[int, list[float]] = {id(c): [] for c, _ in sessions}
+        calls.append((n, max(1, n // 10)))
+    blocks: list[list[float]] = [[] for _ in runs]
     deadline = time.perf_counter() + budget_s
-    order = list(sessions)
+    order = list(range(len(runs)))
     rounds = 0
     while rounds < 3 or (time.perf_counter() < deadline and rounds < 200):
-        for candidate, session in order:
-            n, lead = calls[id(candidate)]
+        for i in order:
+            n, lead = calls[i]
             for _ in range(lead):
-                session.run(dict(feeds))
+                runs[i]()
             start = time.perf_counter()
             for _ in range(n):
-                session.run(dict(feeds))
-            blocks[id(candidate)].append((time.perf_counter() - start) / n)
+                runs[i]()
+            blocks[i].append((time.perf_counter() - start) / n)
         order.reverse()
         rounds += 1
-    for candidate, _ in sessions:
-        candidate.latency_ms = statistics.median(blocks[id(candidate)]) * 1000
+    return [statistics.median(b) for b in blocks]
 
 
 def machine_fingerprint() -> str:

@@ -144,6 +144,7 @@ def create_app(
     *,
     backends: str | Sequence[str] | None = None,
     precision: str | None = None,
+    optimize: str | None = None,
     api_key: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     poll_interval: float | None = None,
@@ -164,6 +165,8 @@ def create_app(
         backends: engines for models whose config.json names none (default ONNX Runtime).
         precision: the precision for models whose config.json names none (``"bf16"``...;
             default: each engine's fp32): see ``ferry.load``.
+        optimize: the optimization level (``"basic"``, ``"extended"``) run at load for models
+            whose config names none (see ``ferry.optimize``); None: none.
         api_key: when set, inference and repository endpoints need ``Authorization: Bearer KEY``.
         max_request_bytes: the largest request body accepted (after decompression); larger: 413.
         poll_interval: rescan the repository every this many seconds and hot-reload changes.
@@ -199,6 +202,7 @@ def create_app(
         source,
         backends=backends,
         precision=precision,
+        optimize=optimize,
         poll_interval=poll_interval,
         explicit=explicit,
         load=load,

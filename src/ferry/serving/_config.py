@@ -9,6 +9,7 @@ keys (all optional, no others)::
      "instance_group": [{"count": 2}],
      "backends": ["onnxruntime"],
      "precision": "bf16",
+     "optimize": "basic",
      "version_policy": {"latest": {"num_versions": 1}}}
 
 The defaults follow Triton's ONNX Runtime autocomplete: when ``max_batch_size`` is not given and every
@@ -22,6 +23,11 @@ dim: requests carry it, and Triton-style configuration leaves it out of ``dims``
 model runs in it on every engine of its plan that offers it, and fails to load (that model only)
 when none does (ONNX Runtime runs fp32 only: pair it with ``"backends": ["openvino"]``, say).
 Without it, the server's ``--precision``, else each engine's default (fp32).
+
+``optimize`` (``"basic"``, ``"extended"`` or ``"none"``) runs ``ferry optimize`` on the model at
+load, for its first engine, before placement; a result that computes something else or runs
+slower is not used (the model loads as it is, with a warning). Without it, the server's
+``--optimize`` (default none).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ __all__ = [
     "CONFIG_FILES",
     "DEFAULT_MAX_BATCH_SIZE",
     "DEFAULT_QUEUE_DELAY_US",
+    "OPTIMIZE_LEVELS",
     "PRECISIONS",
     "ConfigError",
     "ModelConfig",
@@ -47,6 +54,7 @@ __all__ = [
     "TensorConfig",
     "VersionPolicy",
     "batch_dim_problem",
+    "check_optimize",
     "check_precision",
     "parse_config",
     "read_config",
@@ -66,6 +74,8 @@ DEFAULT_QUEUE_DELAY_US = 100
 _MAX_INSTANCES = 64
 #: The precisions a served model may ask for (those ``ferry.load`` takes).
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
+#: What a served model's ``optimize`` may say (``ferry optimize --level``, or none).
+OPTIMIZE_LEVELS = ("none", "basic", "extended")
 _MAX_QUEUE_DELAY_US = 10_000_000
 
 
@@ -144,6 +154,8 @@ class ModelConfig:
             (two for a model whose call takes a millisecond or more, else one).
         backends: engines in priority order; None: the server's.
         precision: the precision to run in (one of :data:`PRECISIONS`); None: the server's.
+        optimize: the optimization level run at load (one of :data:`OPTIMIZE_LEVELS`); None:
+            the server's.
         version_policy: which versions are served.
         inputs: the inputs config.pbtxt declares (checked against the model; empty: none).
         outputs: the outputs config.pbtxt declares.
@@ -160,6 +172,7 @@ class ModelConfig:
     instance_count: int | None = None
     backends: tuple[str, ...] | None = None
     precision: str | None = None
+    optimize: str | None = None
     version_policy: VersionPolicy = dataclasses.field(default_factory=VersionPolicy)
     inputs: tuple[TensorConfig, ...] = ()
     outputs: tuple[TensorConfig, ...] = ()
@@ -186,6 +199,7 @@ _KEYS = {
     "instance_group",
     "backends",
     "precision",
+    "optimize",
     "version_policy",
 }
 _BATCHING_KEYS = {"max_queue_delay_microseconds", "preferred_batch_size"}
@@ -298,6 +312,9 @@ def parse_config(data: Any, name: str, *, source: str = "config") -> ModelConfig
     precision = data.get("precision")
     if precision is not None:
         precision = check_precision(precision, f"{where}: 'precision'", ConfigError)
+    optimize = data.get("optimize")
+    if optimize is not None:
+        optimize = check_optimize(optimize, f"{where}: 'optimize'", ConfigError)
     return ModelConfig(
         max_batch_size=max_batch,
         dynamic_batching=dynamic,
@@ -306,6 +323,7 @@ def parse_config(data: Any, name: str, *, source: str = "config") -> ModelConfig
         instance_count=instances,
         backends=backends,
         precision=precision,
+        optimize=optimize,
         version_policy=_version_policy(data.get("version_policy"), where),
     )
 
@@ -320,6 +338,15 @@ def check_precision(
             f"{what} must be one of {', '.join(PRECISIONS)} (an engine of the model's backends "
             f"must offer it; ONNX Runtime runs fp32 only), got {value!r}"
         )
+    return value
+
+
+def check_optimize(
+    value: Any, what: str = "optimize", error: type[FerryError] = InvalidInputError
+) -> str:
+    """``value`` if it is one of :data:`OPTIMIZE_LEVELS`, else ``error`` naming them."""
+    if not isinstance(value, str) or value not in OPTIMIZE_LEVELS:
+        raise error(f"{what} must be one of {', '.join(OPTIMIZE_LEVELS)}, got {value!r}")
     return value
 
 

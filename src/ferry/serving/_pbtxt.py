@@ -12,7 +12,8 @@ What ferry does with each field:
   ``format`` (shown by ``/config``), ``dynamic_batching`` (``preferred_batch_size``,
   ``max_queue_delay_microseconds``), ``instance_group`` (``count``, ``kind`` KIND_CPU or
   KIND_AUTO, ``name``), ``version_policy``, ``default_model_filename``, and the ``parameters``
-  ``ferry_backends`` (``"openvino,onnxruntime"``) and ``ferry_precision`` (``"bf16"``).
+  ``ferry_backends`` (``"openvino,onnxruntime"``), ``ferry_precision`` (``"bf16"``) and
+  ``ferry_optimize`` (``"basic"``: config.json's ``optimize``).
 - refused (the model does not load; the index says why): fields that change what the model
   computes or how requests are answered: another platform or backend, ``runtime``,
   ``sequence_batching``, ``ensemble_scheduling``, ``batch_input``/``batch_output``, the dynamic
@@ -51,6 +52,7 @@ __all__ = ["parse_pbtxt", "triton_schema"]
 #: ``parameters`` keys ferry reads.
 BACKENDS_PARAMETER = "ferry_backends"
 PRECISION_PARAMETER = "ferry_precision"
+OPTIMIZE_PARAMETER = "ferry_optimize"
 
 _PLATFORMS = ("", "onnxruntime_onnx")
 _BACKENDS = ("", "onnxruntime", "openvino")
@@ -195,6 +197,9 @@ class _Mapper:
             data["backends"] = backends
         if precision is not None:
             data["precision"] = precision
+        optimize = {k: v.string_value for k, v in m.parameters.items()}.get(OPTIMIZE_PARAMETER)
+        if optimize is not None:
+            data["optimize"] = optimize.strip()
         inputs = tuple(self.tensor(t, "input") for t in m.input)
         outputs = tuple(self.tensor(t, "output") for t in m.output)
         for kind, tensors in (("input", inputs), ("output", outputs)):
@@ -261,11 +266,12 @@ class _Mapper:
                 "platform 'onnxruntime_onnx' and backend 'openvino' disagree; keep one"
             )
         params = {key: value.string_value for key, value in m.parameters.items()}
-        others = sorted(k for k in params if k not in (BACKENDS_PARAMETER, PRECISION_PARAMETER))
+        known = (BACKENDS_PARAMETER, PRECISION_PARAMETER, OPTIMIZE_PARAMETER)
+        others = sorted(k for k in params if k not in known)
         if others:
             self.warn(
                 f"parameters {', '.join(map(repr, others))} are ignored (ferry reads "
-                f"{BACKENDS_PARAMETER!r} and {PRECISION_PARAMETER!r})"
+                f"{', '.join(map(repr, known))})"
             )
         backends: list[str] | None = None
         if BACKENDS_PARAMETER in params:

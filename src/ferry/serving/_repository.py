@@ -42,6 +42,7 @@ from ferry.errors import FerryError, InvalidInputError, ModelLoadError
 from ferry.serving._config import (
     ConfigError,
     ModelConfig,
+    check_optimize,
     check_precision,
     parse_config,
     read_config,
@@ -201,6 +202,8 @@ class ModelRepository:
     Args:
         source: a repository folder, a model file or an artifact folder.
         backends: engines for models whose config.json names none (None: ONNX Runtime).
+        optimize: the optimization level for models whose config names none (``"basic"``,
+            ``"extended"``; None or ``"none"``: none).
         precision: the precision for models whose config.json names none (None: each engine's
             default, fp32); one of :data:`ferry.serving.PRECISIONS`.
         poll_interval: rescan the repository every this many seconds (None: never).
@@ -220,6 +223,7 @@ class ModelRepository:
         *,
         backends: str | Sequence[str] | None = None,
         precision: str | None = None,
+        optimize: str | None = None,
         poll_interval: float | None = None,
         explicit: bool = False,
         load: Sequence[str] | None = None,
@@ -229,6 +233,8 @@ class ModelRepository:
         path = Path(source)
         if precision is not None:
             check_precision(precision)
+        if optimize is not None:
+            check_optimize(optimize)
         if not path.exists():
             raise ModelLoadError(f"model or repository not found: {path}")
         if poll_interval is not None and not poll_interval > 0:
@@ -240,6 +246,7 @@ class ModelRepository:
             )
         self.backends = backends  # parsed when a model loads (ferry.backends.parse_backends)
         self.precision = precision
+        self.optimize = optimize
         self.poll_interval = poll_interval
         self.explicit = explicit
         self.warmup = warmup
@@ -686,6 +693,7 @@ class ModelRepository:
                     config,
                     backends=self.backends,
                     precision=self.precision,
+                    optimize=self.optimize,
                     warmup=self.warmup,
                 )
             )

@@ -147,13 +147,15 @@ def load_version(
     *,
     backends: str | Sequence[str] | None = None,
     precision: str | None = None,
+    optimize: str | None = None,
     warmup: bool = True,
     cores: int | None = None,
 ) -> LoadedModel:
     """Load ``instance_count`` sessions of a model version, check its config, and warm it up.
 
-    Blocking: call it on a loader thread. ``backends`` and ``precision`` are the server's, for a
-    config that names none.
+    Blocking: call it on a loader thread. ``backends``, ``precision`` and ``optimize`` are the
+    server's, for a config that names none. An optimization that is refused (it computes
+    something else or runs slower) leaves the model as it is, with a warning.
 
     Raises:
         FerryError: the model cannot be loaded, a backend is missing, the config does not fit,
@@ -164,20 +166,26 @@ def load_version(
 
     names = list(config.backends) if config.backends else parse_backends(backends)
     precision = config.precision or precision
+    level = config.optimize or optimize or "none"
+    source: Any = model_file
+    if level != "none":
+        from ferry.optimizer import optimized_for_load
+
+        source = optimized_for_load(model_file, level, backends=names)
     threads = engine_threads(config.instance_count or 1, cores)
-    first = load(model_file, backends=names, threads=threads, precision=precision)
+    first = load(source, backends=names, threads=threads, precision=precision)
     resolved = resolve_config(config, name, first.inputs, first.outputs)
     # Left to ferry, a compute-bound model gets two instances and every core (module doc).
     decide = config.instance_count is None and warmup and (cores or available_cores()) > 1
     if decide and _call_seconds(first, resolved) >= HEAVY_CALL_S:
         resolved = dataclasses.replace(resolved, instance_count=2)
         threads = max(1, (cores or available_cores()) // 2)
-        first = load(model_file, backends=names, threads=threads, precision=precision)
+        first = load(source, backends=names, threads=threads, precision=precision)
     input_types = {s.name: _kserve_type(s, name, "input") for s in first.inputs}
     output_types = {s.name: _kserve_type(s, name, "output") for s in first.outputs}
     sessions = [first]
     for _ in range(resolved.instance_count - 1):
-        sessions.append(load(model_file, backends=names, threads=threads, precision=precision))
+        sessions.append(load(source, backends=names, threads=threads, precision=precision))
     loaded = LoadedModel(
         sessions=sessions,
         resolved=resolved,
