@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ferry's main job on the bundled example: train the digits CNN in PyTorch, convert it (verified),
-# inspect, run, benchmark and serve it.
+# optimize it (verified), inspect, run, benchmark and serve it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
@@ -18,7 +18,11 @@ python examples/digits_cnn.py accuracy "$out/model.onnx"
 echo; echo "==> 3. ferry convert again: down to opset 17 for older runtimes, verified against the first"
 ferry convert "$out/model.onnx" -o "$out/model17.onnx" --opset 17
 
-echo; echo "==> 4. ferry info"
+echo; echo "==> 4. ferry optimize: graph passes and fusions, verified on the real digits and timed, or refused"
+ferry optimize "$out/model.onnx" -o "$out/model.opt.onnx" --level extended --input "x=$out/digits.npy"
+python examples/digits_cnn.py accuracy "$out/model.opt.onnx"
+
+echo; echo "==> 4b. ferry info"
 ferry info "$out/model.onnx"
 
 echo; echo "==> 5. ferry run on 8 real test images"

@@ -335,13 +335,24 @@ def _check(
     engine = target or "onnxruntime"
     if timed is None:
         return parity, LatencyCheck(engine, skipped=why_not_timed)
+    if _ops(original) == _ops(optimized):
+        # Same ops, same counts: nothing was removed or fused that timing could tell apart
+        # (measured: an unchanged 0.3 ms graph timed 0.82x "slower" on a busy 2-core machine).
+        return parity, LatencyCheck(engine, skipped="the graph keeps every op; nothing to time")
     if engine != "onnxruntime":
         reference, candidate = load(original, backends=engine), load(optimized, backends=engine)
-    before, after = block_medians(
-        [lambda: reference.run(timed), lambda: candidate.run(timed)], TIMING_BUDGET_S
-    )
+    runs = [lambda: reference.run(timed), lambda: candidate.run(timed)]
     inputs = {k: tuple(np.shape(v)) for k, v in timed.items()}
-    return parity, LatencyCheck(engine, before * 1000, after * 1000, inputs)
+
+    def timed_check() -> LatencyCheck:
+        before, after = block_medians(runs, TIMING_BUDGET_S)
+        return LatencyCheck(engine, before * 1000, after * 1000, inputs)
+
+    check = timed_check()
+    if check.slower:
+        # One slow verdict may be another process's burst: the second measurement decides.
+        check = timed_check()
+    return parity, check
 
 
 def optimized_for_load(

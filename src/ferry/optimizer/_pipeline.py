@@ -193,4 +193,7 @@ def pipeline(ctx: RuleContext) -> ir.passes.Sequential:
         common_passes.RemoveUnusedFunctionsPass(),
         common_passes.RemoveUnusedOpsetsPass(),
         LegalReshapesPass(),
+        # Exporters' per-node debug records (PyTorch writes each node's stack trace): a fifth of
+        # a small model's file, nothing an engine reads. The model's own metadata stays.
+        common_passes.ClearMetadataAndDocStringPass(),
     )
