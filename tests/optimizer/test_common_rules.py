@@ -15,6 +15,7 @@ from ferry.optimizer.rules import RuleContext
 from ferry.optimizer.rules.common import (
     _chains,
     _conv,
+    _gemm,
     _noop,
     _pad,
     _reshape,
@@ -486,3 +487,31 @@ def test_declared_output_shape_is_not_trusted() -> None:
     feeds = {"x": floats(5, 8), "y": floats(5, 8)}
     (got,) = run_ort(m, feeds)
     assert got.shape == (5, 1, 8)
+
+
+# -- MatMul + Add -> Gemm ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("swapped", "transposed"), [(False, False), (True, False), (False, True)])
+def test_matmul_add_becomes_gemm(swapped: bool, transposed: bool) -> None:
+    nodes = [helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0])] if transposed else []
+    nodes += [
+        helper.make_node("MatMul", ["x", "wt" if transposed else "w"], ["y"]),
+        helper.make_node("Add", ["c", "y"] if swapped else ["y", "c"], ["z"]),
+    ]
+    weight = floats(3, 4) if transposed else floats(4, 3)
+    proto = model(nodes, [("x", ["M", 4])], [("z", ["M", 3])], {"w": weight, "c": floats(3)})
+    result = rewritten(proto, {"x": floats(5, 4)}, _gemm)
+    assert ops(result) == {"Gemm": 1}
+
+
+def test_bias_that_broadcasts_the_product_up_stays() -> None:
+    """Add broadcasts both ways, Gemm only C to [M, N]: a [2, 1, 3] bias makes Add's result 3-D."""
+    proto = model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Add", ["y", "c"], ["z"])],
+        [("x", [1, 4])],
+        [("z", [2, 1, 3])],
+        {"w": floats(4, 3), "c": floats(2, 1, 3)},
+    )
+    unchanged(proto, _gemm)
+    assert any("rank 3" in r for r in reasons(proto, _gemm.MatMulAddToGemm.rule()))

@@ -465,3 +465,22 @@ def test_zoo_mlp_fixture_optimizes(tmp_path: Path) -> None:
     """A model of the test fixtures (Gemm, MatMul, Softmax): nothing to remove, nothing broken."""
     result = optimize(models.mlp(), level="extended", measure=False)
     assert result.accepted and result.report.nodes_after <= result.report.nodes_before
+
+
+def test_target_engine_missing_still_optimizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Optimizing here for a TensorRT machine: the rules run, the timing is left to that machine."""
+    import ferry.runtime
+    from ferry.errors import BackendUnavailableError
+
+    real_load = ferry.runtime.load
+
+    def load(source: Any, **kwargs: Any) -> Any:
+        if kwargs.get("backends") == "tensorrt":
+            raise BackendUnavailableError("tensorrt needs an NVIDIA GPU")
+        return real_load(source, **kwargs)
+
+    monkeypatch.setattr(ferry.runtime, "load", load)
+    result = optimize(conv_bn(), target="tensorrt", example_inputs=X)
+    assert result.accepted and result.report.parity.passed
+    latency = result.report.latency
+    assert latency is not None and "tensorrt is not available here" in (latency.skipped or "")

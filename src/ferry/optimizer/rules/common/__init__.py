@@ -8,6 +8,7 @@ MODULES: tuple[str, ...] = (
     "_shapes",
     "_transpose",
     "_conv",
+    "_gemm",
     "_pad",
     "_reshape",
     "_chains",
