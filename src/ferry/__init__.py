@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     from ferry.converters import ConversionResult, convert
     from ferry.optimizer import OptimizeResult, optimize
+    from ferry.optimizer.quantize import QuantizeResult, quantize
     from ferry.plan import Plan
     from ferry.runtime import Session, TensorSpec
 
@@ -48,6 +49,7 @@ __all__ = [
     "OptimizeResult",
     "Plan",
     "PlanError",
+    "QuantizeResult",
     "Session",
     "TensorSpec",
     "UnsupportedOpError",
@@ -55,12 +57,29 @@ __all__ = [
     "convert",
     "load",
     "optimize",
+    "quantize",
 ]
 
 __getattr__ = lazy_getattr(
     __name__,
-    ["Session", "TensorSpec", "Plan", "convert", "ConversionResult", "optimize", "OptimizeResult"],
-    ["ferry.runtime", "ferry.plan", "ferry.converters", "ferry.optimizer"],
+    [
+        "Session",
+        "TensorSpec",
+        "Plan",
+        "convert",
+        "ConversionResult",
+        "optimize",
+        "OptimizeResult",
+        "quantize",
+        "QuantizeResult",
+    ],
+    [
+        "ferry.runtime",
+        "ferry.plan",
+        "ferry.converters",
+        "ferry.optimizer",
+        "ferry.optimizer.quantize",
+    ],
 )
 
 

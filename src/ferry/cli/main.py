@@ -82,6 +82,7 @@ def _register() -> None:
         "run",
         "convert",
         "optimize",
+        "quantize",
         "plan",
         "bench",
         "agent",

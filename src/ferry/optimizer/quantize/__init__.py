@@ -1,0 +1,49 @@
+"""Quantization for a target engine, judged at the task on held-back data and timed there.
+
+``quantize(model, data=..., target=...)`` calibrates (ONNX Runtime's calibrators and QDQ
+insertion), follows the target's rules (``_targets``: signedness, symmetry, per-channel axes,
+what must stay float), keeps the most sensitive nodes float until the result is within budget,
+and refuses a result that is over budget or slower, with the figures. ``check(model, target)``
+lists where a quantized model breaks a target's rules.
+"""
+
+from __future__ import annotations
+
+from ferry.optimizer.quantize._data import ImagePreprocessing, Samples, load_samples, split
+from ferry.optimizer.quantize._quantize import (
+    METHODS,
+    METRICS,
+    QuantizeReport,
+    QuantizeResult,
+    quantize,
+)
+from ferry.optimizer.quantize._targets import (
+    TARGETS,
+    Breach,
+    Scheme,
+    check,
+    check_summary,
+    drop_graph_output_qdq,
+    ort_arguments,
+    scheme,
+)
+
+__all__ = [
+    "METHODS",
+    "METRICS",
+    "TARGETS",
+    "Breach",
+    "ImagePreprocessing",
+    "QuantizeReport",
+    "QuantizeResult",
+    "Samples",
+    "Scheme",
+    "check",
+    "check_summary",
+    "drop_graph_output_qdq",
+    "load_samples",
+    "ort_arguments",
+    "quantize",
+    "scheme",
+    "split",
+]

@@ -1,0 +1,594 @@
+"""``quantize``: int8 (static QDQ or dynamic) or fp16 for a target engine, judged at the task and
+timed there, or refused with the figures.
+
+Before -> After::
+
+    float model + calibration data (real samples; a quarter held back for judging)
+        -> QuantizeResult: the quantized model (or the input, when it misses the budget even with
+           its most sensitive nodes kept float, or runs slower), and a report: size, latency and the
+           metric before and after, the nodes quantized and those kept float, the method
+
+The accuracy loop: quantize everything the target quantizes; judge on the held-back samples
+against the float model; while over budget, rank the quantized nodes by the error each adds
+(its output's error against float, less the worst of its inputs') and return the worst to float,
+doubling how many each round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from ferry.errors import BackendUnavailableError, FerryError, InvalidInputError
+from ferry.graph import atomic_path, load_model, save_model
+from ferry.optimizer.quantize._data import ImagePreprocessing, Samples, load_samples, split
+from ferry.optimizer.quantize._targets import TARGETS, drop_graph_output_qdq, ort_arguments, scheme
+from ferry.parity import judge
+
+__all__ = ["METHODS", "METRICS", "QuantizeReport", "QuantizeResult", "quantize"]
+
+logger = logging.getLogger(__name__)
+
+METHODS = ("minmax", "percentile", "entropy", "mse")
+METRICS = ("top1", "cosine", "mask", "seq")
+PRECISIONS = ("int8", "fp16")
+#: Ops static quantization touches (ONNX Runtime's QDQ quantizer places the rest by them).
+_WEIGHTED = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
+#: Rounds of the accuracy loop (1, 2, 4, ... nodes kept float).
+_MAX_ROUNDS = 7
+#: Ops fp16 keeps in fp32: reductions and exponentials whose range or sums overflow half.
+_FP16_KEEP = [
+    "Softmax", "LogSoftmax", "ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceLogSumExp",
+    "Exp", "Log", "Pow", "Sqrt", "Reciprocal", "Div", "LayerNormalization", "InstanceNormalization",
+    "Resize", "Range", "CumSum", "TopK", "NonMaxSuppression", "Erf",
+]  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizeReport:
+    """What quantizing did, measured.
+
+    Attributes:
+        target / precision / method / scheme: what was asked and how the target wants it.
+        samples: the calibration data, in words.
+        metric: the judge (spec) and ``score_before`` (1: the float model against itself) /
+            ``score_after`` on the held-back samples; ``budget``: the least score allowed.
+        latency_before_ms / latency_after_ms / engine: timed on the target engine at the
+            samples' sizes (None with ``latency_skipped`` saying why).
+        bytes_before / bytes_after: the serialized models.
+        quantized: nodes that run quantized; ``kept_float``: nodes the loop returned to float.
+        refused: why the input was kept (over budget, slower); ``forced``: kept anyway.
+    """
+
+    target: str
+    precision: str
+    method: str
+    scheme: str
+    samples: str
+    metric: Mapping[str, Any]
+    budget: float
+    score_before: float
+    score_after: float
+    engine: str
+    latency_before_ms: float | None
+    latency_after_ms: float | None
+    latency_skipped: str | None
+    bytes_before: int
+    bytes_after: int
+    quantized: tuple[str, ...]
+    kept_float: tuple[str, ...]
+    rounds: int
+    refused: str | None = None
+    forced: bool = False
+
+    @property
+    def speedup(self) -> float | None:
+        if not self.latency_before_ms or not self.latency_after_ms:
+            return None
+        return self.latency_before_ms / self.latency_after_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["metric"] = {k: v for k, v in self.metric.items() if k != "function"}
+        d["speedup"] = self.speedup
+        return d
+
+    def lines(self) -> list[str]:
+        """The report in words, for the CLI."""
+        out = [
+            f"{self.precision} for {self.target} ({self.scheme}; {self.method} calibration)",
+            f"data: {self.samples}",
+            f"{self.metric.get('kind')}: {self.score_before:.4f} -> {self.score_after:.4f} "
+            f"(budget: at least {self.budget:.4f})",
+        ]
+        if self.latency_skipped:
+            out.append(f"latency not measured: {self.latency_skipped}")
+        elif self.latency_before_ms is not None and self.latency_after_ms is not None:
+            out.append(
+                f"latency on {self.engine}: {self.latency_before_ms:.3f} ms -> "
+                f"{self.latency_after_ms:.3f} ms ({self.speedup:.2f}x)"
+            )
+        out.append(f"size: {self.bytes_before / 1e6:.2f} MB -> {self.bytes_after / 1e6:.2f} MB")
+        out.append(f"nodes quantized: {len(self.quantized)}; kept float: {len(self.kept_float)}")
+        if self.kept_float:
+            out.append(
+                "kept float: "
+                + ", ".join(self.kept_float[:12])
+                + (" ..." if len(self.kept_float) > 12 else "")
+            )
+        return out
+
+
+@dataclasses.dataclass
+class QuantizeResult:
+    """The outcome of :func:`quantize`: ``model`` (the input itself when refused and not forced)
+    and ``report``."""
+
+    model: ir.Model
+    report: QuantizeReport
+
+    @property
+    def accepted(self) -> bool:
+        return self.report.refused is None or self.report.forced
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the model atomically, and the report as JSON beside it (``OUT.quantize.json``;
+        in an artifact folder, ``ferry.json``'s ``"quantization"``)."""
+        out = save_model(self.model, path)
+        report = self.report.to_dict()
+        artifact = out.parent / "ferry.json"
+        if out.name == "model.onnx" and artifact.is_file():
+            try:
+                data = json.loads(artifact.read_text(encoding="utf-8"))
+            except ValueError:
+                data = {}
+            data["quantization"] = report
+            target = artifact
+        else:
+            data, target = report, out.with_suffix(".quantize.json")
+        with atomic_path(target) as tmp:
+            tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        return out
+
+
+def quantize(
+    model: str | os.PathLike[str] | ir.Model | onnx.ModelProto,
+    *,
+    data: Any = None,
+    target: str = "onnxruntime",
+    method: str = "minmax",
+    precision: str = "int8",
+    per_channel: bool | None = None,
+    dynamic: bool = False,
+    budget: float | str = "1%",
+    metric: str | Callable[..., Any] | None = None,
+    random: bool = False,
+    preprocessing: ImagePreprocessing | None = None,
+    force: bool = False,
+) -> QuantizeResult:
+    """Quantize ``model`` for ``target``, keep its most sensitive nodes float until it is within
+    ``budget`` on held-back data, and time it on the target engine.
+
+    Args:
+        model: an ``.onnx`` file, an artifact, an ``onnx_ir.Model`` or a ``ModelProto``; never
+            modified.
+        data: calibration samples: a ``.npz``/``.npy`` file, a folder of images (with
+            ``preprocessing``), or an iterable of feed dicts. A quarter is held back for judging.
+        target: ``onnxruntime``, ``openvino``, ``tensorrt``, ``tflite`` or ``portable`` (what
+            every target accepts): decides the scheme (signedness, symmetry, per-channel) and
+            where latency is measured (ONNX Runtime for tflite/portable here).
+        method: calibration: ``minmax``, ``percentile``, ``entropy`` or ``mse``.
+        precision: ``int8`` or ``fp16`` (numerically sensitive ops stay fp32).
+        per_channel: per-channel weights; None: the target's choice.
+        dynamic: dynamic int8 (weights int8, activations quantized per call): for MatMul-,
+            LSTM- and GRU-heavy models; needs no calibration data beyond judging.
+        budget: how much of the metric may be lost: ``"1%"`` or ``0.01`` (score >= 0.99).
+        metric: ``top1``, ``cosine``, ``mask`` (or ``mask@0.3``), ``seq``, ``"module:function"``
+            (``(got, want) -> score``) or a callable; None: cosine.
+        random: calibrate on random data (only with no ``data``): the result means nothing, and
+            the report says so.
+        preprocessing: how a folder of images becomes the input.
+        force: keep the quantized model even when refused.
+
+    Raises:
+        InvalidInputError: unknown option values, no data, data that does not fit the model.
+    """
+    from ferry.runtime import load
+
+    if target not in TARGETS:
+        raise InvalidInputError(f"unknown target {target!r}; use one of {', '.join(TARGETS)}")
+    if method not in METHODS:
+        raise InvalidInputError(
+            f"unknown calibration method {method!r}; use one of {', '.join(METHODS)}"
+        )
+    if precision not in PRECISIONS:
+        hint = (
+            " (bf16: run the float model with ferry.load(..., precision='bf16') on OpenVINO)"
+            if precision == "bf16"
+            else ""
+        )
+        raise InvalidInputError(
+            f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}{hint}"
+        )
+    least = 1.0 - _budget(budget)
+    spec = _metric(metric, least)
+    original = load_model(model)
+    reference = load(original)
+    samples = _samples(data, random, reference.inputs, preprocessing)
+    want = [reference.run(feed) for feed in samples.held_back]
+
+    quantized_nodes: tuple[str, ...] = ()
+    kept: list[str] = []
+    rounds = 0
+    if precision == "fp16":
+        work, description = _fp16(original), "fp16, sensitive ops fp32"
+        score = _score(work, samples.held_back, want, spec)
+    else:
+        the_scheme = scheme(target, per_channel=per_channel)
+        description = ("dynamic " if dynamic else "") + the_scheme.describe()
+        with tempfile.TemporaryDirectory(prefix="ferry-quantize-") as tmp:
+            source = Path(tmp) / "float.onnx"
+            prepared = _prepared(original)  # node names as the quantizer sees them
+            onnx.save(ir.to_proto(prepared), source)
+            quantizer = _Quantizer(
+                source, Path(tmp), the_scheme, method, dynamic, samples.calibration
+            )
+            work = quantizer.run([])
+            score = _score(work, samples.held_back, want, spec)
+            ranking: list[str] | None = None
+            keep = 0
+            while score < least and rounds < _MAX_ROUNDS:
+                if ranking is None:
+                    ranking = _sensitivity(prepared, work, samples.held_back[0])
+                    if not ranking:
+                        break
+                keep = max(1, keep * 2)
+                kept = ranking[:keep]
+                work = quantizer.run(kept)
+                score = _score(work, samples.held_back, want, spec)
+                rounds += 1
+                if keep >= len(ranking):
+                    break
+        quantized_nodes = tuple(_quantized_nodes(work))
+
+    engine, before, after, skipped = _latency(original, work, target, samples.held_back[0])
+    refused = None
+    if samples.random:
+        refused = "calibrated on random data: the accuracy figures mean nothing (give real data)"
+    elif score < least:
+        refused = (
+            f"{spec['kind']} {score:.4f} is under the budget's {least:.4f} even with "
+            f"{len(kept)} node(s) kept float"
+        )
+    elif before is not None and after is not None and after > before * 1.02:
+        refused = f"slower on {engine}: {before:.3f} ms -> {after:.3f} ms"
+    report = QuantizeReport(
+        target=target,
+        precision=precision,
+        method=method if precision == "int8" and not dynamic else "-",
+        scheme=description,
+        samples=samples.describe(),
+        metric=spec,
+        budget=least,
+        score_before=1.0,
+        score_after=score,
+        engine=engine,
+        latency_before_ms=before,
+        latency_after_ms=after,
+        latency_skipped=skipped,
+        bytes_before=_size(original),
+        bytes_after=_size(work),
+        quantized=quantized_nodes,
+        kept_float=tuple(kept),
+        rounds=rounds,
+        refused=refused,
+        forced=force and refused is not None,
+    )
+    if refused is not None and not force:
+        return QuantizeResult(original, report)
+    return QuantizeResult(work, report)
+
+
+def _budget(budget: float | str) -> float:
+    """``"1%"``, ``"0.01"`` or ``0.01`` -> 0.01."""
+    try:
+        value = (
+            float(budget.strip().removesuffix("%")) / 100
+            if isinstance(budget, str) and budget.strip().endswith("%")
+            else float(budget)
+        )
+    except ValueError:
+        raise InvalidInputError(
+            f"budget must be a fraction or a percentage such as 1%, got {budget!r}"
+        ) from None
+    if not 0 <= value < 1:
+        raise InvalidInputError(f"budget must be in [0%, 100%), got {budget!r}")
+    return value
+
+
+def _metric(metric: str | Callable[..., Any] | None, least: float) -> dict[str, Any]:
+    """The judge spec for ``metric`` whose score must reach ``least``."""
+    if metric is None or metric == "cosine":
+        return {"kind": "cosine", "min": least}
+    if callable(metric):
+        return {"kind": "custom", "function": metric, "min": least}
+    if metric == "top1":
+        return {"kind": "top1", "min_agreement": least}
+    if metric == "seq":
+        return {"kind": "argmax_seq", "min_agreement": least}
+    if metric == "mask" or metric.startswith("mask@"):
+        threshold = float(metric.removeprefix("mask@")) if "@" in metric else 0.5
+        return {"kind": "mask", "threshold": threshold, "min_agreement": least}
+    if ":" in metric:
+        module, _, name = metric.partition(":")
+        try:
+            function = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            raise InvalidInputError(f"metric {metric!r}: cannot import it ({e})") from e
+        return {"kind": "custom", "function": function, "min": least}
+    raise InvalidInputError(
+        f"unknown metric {metric!r}; use {', '.join(METRICS)}, mask@THRESHOLD or module:function"
+    )
+
+
+def _samples(
+    data: Any, random: bool, inputs: Sequence[Any], preprocessing: ImagePreprocessing | None
+) -> Samples:
+    if data is not None:
+        if random:
+            raise InvalidInputError("give calibration data or random, not both")
+        return load_samples(data, inputs, preprocessing=preprocessing)
+    if not random:
+        raise InvalidInputError(
+            "quantization needs calibration data (--data: a .npz, .npy or a folder of images): "
+            "ranges calibrated on anything else mean nothing. --random only tries the pipeline"
+        )
+    from ferry.runtime import timing_feeds
+
+    logger.warning("calibrating on RANDOM data: the quantized model's accuracy means nothing")
+    feeds = [timing_feeds(inputs, seed=i) for i in range(8)]
+    return split(feeds, "random data", random=True)
+
+
+def _score(
+    model: ir.Model,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    want: Sequence[Mapping[str, np.ndarray]],
+    spec: Mapping[str, Any],
+) -> float:
+    """The metric's worst score over the outputs, over the held-back samples (their outputs
+    joined along the batch axis where the sizes allow, else the mean of per-sample scores)."""
+    from ferry.runtime import load
+
+    session = load(model)
+    got = [session.run(dict(feed)) for feed in feeds]
+    joined_got, joined_want = _join(got), _join(want)
+    if joined_got is not None and joined_want is not None:
+        return _worst(spec, joined_got, joined_want)
+    return float(np.mean([_worst(spec, g, w) for g, w in zip(got, want, strict=True)]))
+
+
+def _worst(
+    spec: Mapping[str, Any], got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]
+) -> float:
+    scores = []
+    for name in got:
+        g, w = np.asarray(got[name]), np.asarray(want[name])
+        if g.dtype.kind not in "f" or (
+            spec["kind"] in ("top1", "argmax_seq") and (g.ndim == 0 or g.shape[-1] < 2)
+        ):
+            continue
+        try:
+            scores += [j.score for j in judge({**spec, "output": name})({name: g}, {name: w})]
+        except FerryError as e:
+            logger.debug("output %s not judged by %s: %s", name, spec["kind"], e)
+    return min(scores, default=1.0)
+
+
+def _join(outputs: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray] | None:
+    try:
+        return {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
+    except ValueError:
+        return None
+
+
+class _Quantizer:
+    """ONNX Runtime's quantizer for one model and scheme, re-run with nodes kept float."""
+
+    def __init__(
+        self,
+        source: Path,
+        folder: Path,
+        the_scheme: Any,
+        method: str,
+        dynamic: bool,
+        calibration: list[dict[str, np.ndarray]],
+    ) -> None:
+        self.source, self.folder, self.scheme = source, folder, the_scheme
+        self.method, self.dynamic, self.calibration = method, dynamic, calibration
+        self.count = 0
+
+    def run(self, keep_float: list[str]) -> ir.Model:
+        """The model quantized with ``keep_float`` nodes left float."""
+        self.count += 1
+        out = self.folder / f"q{self.count}.onnx"
+        quiet = _QuietAdvice()
+        logging.getLogger().addFilter(quiet)
+        try:
+            return self._run(out, keep_float)
+        finally:
+            logging.getLogger().removeFilter(quiet)
+
+    def _run(self, out: Path, keep_float: list[str]) -> ir.Model:
+        from onnxruntime.quantization import (
+            CalibrationDataReader,
+            CalibrationMethod,
+            quantize_dynamic,
+            quantize_static,
+        )
+
+        arguments = ort_arguments(self.scheme)
+        if self.dynamic:
+            quantize_dynamic(
+                self.source,
+                out,
+                weight_type=arguments["weight_type"],
+                per_channel=arguments.get("per_channel", False),
+                nodes_to_exclude=keep_float,
+                # MatMulInteger and the recurrent ops; ConvInteger has no fast kernel on most CPUs.
+                op_types_to_quantize=["MatMul", "Gemm", "LSTM", "GRU", "Attention"],
+            )
+            return ir.load(out)
+
+        calibration = self.calibration
+
+        class Reader(CalibrationDataReader):
+            def __init__(self) -> None:
+                self.items = iter(calibration)
+
+            def get_next(self) -> dict[str, np.ndarray] | None:
+                return next(self.items, None)
+
+        methods = {
+            "minmax": CalibrationMethod.MinMax,
+            "percentile": CalibrationMethod.Percentile,
+            "entropy": CalibrationMethod.Entropy,
+            "mse": CalibrationMethod.Distribution,
+        }
+        try:
+            quantize_static(
+                self.source,
+                out,
+                Reader(),
+                nodes_to_exclude=keep_float,
+                calibrate_method=methods[self.method],
+                calibration_cache_path=self.folder / f"ranges-{self.method}.json",
+                **arguments,
+            )
+        except TypeError:  # an older ONNX Runtime without the calibration cache
+            quantize_static(
+                self.source, out, Reader(), nodes_to_exclude=keep_float,
+                calibrate_method=methods[self.method], **arguments,
+            )  # fmt: skip
+        model = ir.load(out)
+        if not self.scheme.qdq_on_graph_outputs:
+            # ONNX Runtime cannot leave just the graph outputs float (its switch is per op type,
+            # which would also stop the engines fusing DQ -> Conv -> Q inside the graph).
+            drop_graph_output_qdq(model)
+        return model
+
+
+def _prepared(model: ir.Model) -> ir.Model:
+    """The float model as the quantizer should see it: ferry's basic optimization (BatchNorms and
+    biases folded into their Convs, shape arithmetic constant) and inferred types, which is the
+    pre-processing ONNX Runtime's quantizer asks for."""
+    from ferry.graph import prepare
+    from ferry.optimizer._pipeline import pipeline, rule_context
+
+    work = prepare(model)
+    pipeline(rule_context(work, "basic", None))(work)
+    return prepare(work)
+
+
+class _QuietAdvice(logging.Filter):
+    """Drops ONNX Runtime's advice to pre-process (done by :func:`_prepared`), which it logs
+    to the root logger, i.e. to the user's terminal, on every call."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return (
+            "pre-process" not in record.getMessage() and "pre-processing" not in record.getMessage()
+        )
+
+
+def _quantized_nodes(model: ir.Model) -> list[str]:
+    """Weighted nodes reading a dequantized (or integer) input: those that run quantized."""
+    found = []
+    for node in model.graph:
+        if node.op_type in (
+            "MatMulInteger",
+            "ConvInteger",
+            "DynamicQuantizeLSTM",
+            "QLinearConv",
+            "QLinearMatMul",
+        ):
+            found.append(node.name or node.op_type)
+            continue
+        if node.op_type not in _WEIGHTED:
+            continue
+        producers = [v.producer() for v in node.inputs if v is not None]
+        if any(p is not None and p.op_type == "DequantizeLinear" for p in producers):
+            found.append(node.name or node.op_type)
+    return found
+
+
+def _sensitivity(
+    original: ir.Model, quantized: ir.Model, feed: Mapping[str, np.ndarray]
+) -> list[str]:
+    """Quantized weighted nodes, the most harmful first: the relative error of each one's output
+    against the float model, less the worst of its inputs' (what it adds, not what it inherits)."""
+    from ferry.runtime import all_values
+
+    want = all_values(original, feed)
+    got = all_values(quantized, feed)
+    by_name = {n.name: n for n in original.graph}
+
+    def error(name: str | None) -> float:
+        if not name or name not in want or name not in got:
+            return 0.0
+        w, g = np.asarray(want[name], np.float64), np.asarray(got[name], np.float64)
+        if w.shape != g.shape or w.dtype.kind != "f":
+            return 0.0
+        return float(np.linalg.norm(g - w) / (np.linalg.norm(w) + 1e-12))
+
+    added: list[tuple[float, str]] = []
+    for name in _quantized_nodes(quantized):
+        node = by_name.get(name)
+        if node is None:
+            continue
+        own = max((error(v.name) for v in node.outputs), default=0.0)
+        inherited = max((error(v.name) for v in node.inputs if v is not None), default=0.0)
+        added.append((own - inherited, name))
+    return [name for _, name in sorted(added, reverse=True)]
+
+
+def _fp16(model: ir.Model) -> ir.Model:
+    """Float16 weights and compute, inputs and outputs kept float32, sensitive ops in fp32."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    proto = convert_float_to_float16(
+        ir.to_proto(model), keep_io_types=True, op_block_list=_FP16_KEEP
+    )
+    return ir.from_proto(proto)
+
+
+def _latency(
+    original: ir.Model, quantized: ir.Model, target: str, feed: Mapping[str, np.ndarray]
+) -> tuple[str, float | None, float | None, str | None]:
+    """Both timed on the target's engine (ONNX Runtime stands in for tflite and portable)."""
+    from ferry.runtime import block_medians, load
+
+    engine = target if target in ("openvino", "tensorrt") else "onnxruntime"
+    try:
+        before_s, after_s = load(original, backends=engine), load(quantized, backends=engine)
+    except BackendUnavailableError as e:
+        return engine, None, None, f"{engine} is not available here ({e})"
+    runs = [lambda: before_s.run(dict(feed)), lambda: after_s.run(dict(feed))]
+    before, after = block_medians(runs, 2.0)
+    if after > before * 1.02:  # a burst of another process: the second measurement decides
+        before, after = block_medians(runs, 2.0)
+    return engine, before * 1000, after * 1000, None
+
+
+def _size(model: ir.Model) -> int:
+    return ir.to_proto(model).ByteSize()

@@ -1,0 +1,213 @@
+"""``ferry.quantize``: calibration data, the split, the accuracy loop, the speed check, refusals,
+the report, and ``ferry quantize`` (the command)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper, numpy_helper
+
+import ferry
+from ferry.cli.main import cli
+from ferry.errors import InvalidInputError
+from ferry.optimizer.quantize import check, load_samples, quantize
+from ferry.runtime import spec_of
+from optimizer.check import ops, run_ort
+
+
+def outlier_model(outlier: float = 1000.0) -> onnx.ModelProto:
+    """Conv(3 -> 4) whose channel 0 is 1000x the others, then a 1x1 Conv reading only the small
+    channels. Per-tensor int8 on the first Conv's output keeps the outlier and rounds the small
+    channels to a few levels: plain quantization misses a tight budget; keeping the first Conv
+    float meets it."""
+    rng = np.random.default_rng(3)
+    w1 = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    w1[0] *= outlier
+    w2 = rng.standard_normal((2, 4, 1, 1)).astype(np.float32)
+    w2[:, 0] = 0.0  # the outlier channel does not reach the output
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1], name="conv1"),
+            helper.make_node("Relu", ["a"], ["r"], name="relu"),
+            helper.make_node("Conv", ["r", "w2"], ["y"], name="conv2"),
+        ],
+        "outlier",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2, 8, 8])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def feeds(count: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.random((1, 3, 8, 8), dtype=np.float32)} for _ in range(count)]
+
+
+def test_accuracy_loop_keeps_the_sensitive_node_float() -> None:
+    plain = quantize(
+        outlier_model(),
+        data=feeds(16),
+        metric="cosine",
+        budget="0.1%",
+        per_channel=False,
+        force=True,
+    )
+    # Forced, to see what plain quantization would give: the loop ran and kept nodes float.
+    assert plain.report.rounds >= 1 and plain.report.kept_float
+    assert plain.report.score_after >= 0.999, plain.report.lines()
+    assert plain.report.kept_float[0] in ("conv1", "conv2")
+    assert plain.report.refused is None or "slower" in plain.report.refused
+
+
+def test_a_loose_budget_quantizes_everything() -> None:
+    result = quantize(outlier_model(1.0), data=feeds(16), metric="cosine", budget="5%", force=True)
+    assert result.report.rounds == 0 and not result.report.kept_float
+    assert {"QuantizeLinear", "DequantizeLinear"} <= set(ops(result.model))
+    assert len(result.report.quantized) == 2
+
+
+def test_split_holds_back_a_quarter() -> None:
+    specs = [spec_of(v) for v in ferry.load(outlier_model()).model.graph.inputs]
+    samples = load_samples(feeds(8), specs)
+    assert len(samples.calibration) == 6 and len(samples.held_back) == 2
+    assert not any(any(f is h for h in samples.held_back) for f in samples.calibration)
+
+
+def test_npz_data_and_its_errors(tmp_path: Path) -> None:
+    specs = [spec_of(v) for v in ferry.load(outlier_model()).model.graph.inputs]
+    np.savez(tmp_path / "ok.npz", x=np.concatenate([f["x"] for f in feeds(4)]))
+    assert len(load_samples(tmp_path / "ok.npz", specs).calibration) == 3
+    np.savez(tmp_path / "wrong.npz", image=np.zeros((4, 3, 8, 8), np.float32))
+    with pytest.raises(InvalidInputError, match="missing 'x'"):
+        load_samples(tmp_path / "wrong.npz", specs)
+    np.savez(tmp_path / "shape.npz", x=np.zeros((4, 4, 8, 8), np.float32))
+    with pytest.raises(InvalidInputError, match="dim 1 is 4, the model takes 3"):
+        load_samples(tmp_path / "shape.npz", specs)
+    with pytest.raises(InvalidInputError, match="at least 2 samples"):
+        load_samples(feeds(1), specs)
+    with pytest.raises(InvalidInputError, match="not found"):
+        load_samples(tmp_path / "none.npz", specs)
+    with pytest.raises(InvalidInputError, match="give a list of them"):
+        load_samples(feeds(1)[0], specs)
+
+
+def test_images_need_declared_preprocessing(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from ferry.optimizer.quantize import ImagePreprocessing
+
+    for i in range(4):
+        Image.fromarray(np.full((20, 30, 3), 40 * i, np.uint8)).save(tmp_path / f"{i}.png")
+    specs = [spec_of(v) for v in ferry.load(outlier_model()).model.graph.inputs]
+    with pytest.raises(InvalidInputError, match="declare how they become the input"):
+        load_samples(tmp_path, specs)
+    samples = load_samples(
+        tmp_path, specs, preprocessing=ImagePreprocessing(size=(8, 8), mean=(0.5,), std=(0.5,))
+    )
+    first = samples.calibration[0]["x"]
+    assert first.shape == (1, 3, 8, 8) and first.dtype == np.float32
+    assert np.allclose(first, (0 / 255 - 0.5) / 0.5)
+
+
+def test_no_data_is_refused_and_random_is_loud() -> None:
+    with pytest.raises(InvalidInputError, match="needs calibration data"):
+        quantize(outlier_model())
+    result = quantize(outlier_model(), random=True)
+    assert not result.accepted and "random data" in (result.report.refused or "")
+
+
+def test_bad_options() -> None:
+    with pytest.raises(InvalidInputError, match="unknown target 'npu'"):
+        quantize(outlier_model(), data=feeds(4), target="npu")
+    with pytest.raises(InvalidInputError, match="unknown calibration method"):
+        quantize(outlier_model(), data=feeds(4), method="kl")
+    with pytest.raises(InvalidInputError, match="bf16: run the float model"):
+        quantize(outlier_model(), data=feeds(4), precision="bf16")
+    with pytest.raises(InvalidInputError, match="budget must be"):
+        quantize(outlier_model(), data=feeds(4), budget="lots")
+    with pytest.raises(InvalidInputError, match="unknown metric"):
+        quantize(outlier_model(), data=feeds(4), metric="iou")
+
+
+def test_fp16_keeps_float32_interface() -> None:
+    result = quantize(outlier_model(), data=feeds(8), precision="fp16", budget="1%", force=True)
+    (x,) = result.model.graph.inputs
+    assert x.dtype is not None and x.dtype.name == "FLOAT"
+    assert result.report.score_after >= 0.99
+
+
+def test_dynamic_for_matmul_models() -> None:
+    import models
+
+    proto = models.mlp()
+    data = [
+        {"x": np.random.default_rng(i).standard_normal((1, 16)).astype(np.float32)}
+        for i in range(8)
+    ]
+    result = quantize(proto, data=data, dynamic=True, metric="top1", budget="30%", force=True)
+    assert "MatMulInteger" in ops(result.model) or "DynamicQuantizeLinear" in ops(result.model)
+    (want,) = run_ort(proto, data[0])
+    assert ferry.load(result.model).run(data[0])["y"].shape == want.shape
+
+
+def test_digits_cnn_loses_at_most_half_a_point(tmp_path: Path) -> None:
+    """The zoo's digits CNN on the real held-out digits (360 test images)."""
+    pytest.importorskip("torch")
+    from ferry import zoo
+
+    model = zoo.build("digits_cnn")
+    x_train, _, _, _ = zoo.digits_data()
+    data = [{"input": x_train[i : i + 1]} for i in range(0, 640, 10)]
+    result = quantize(model, data=data, metric="top1", budget="1%", force=True)
+    assert result.report.refused is None or "slower" in result.report.refused
+    before = zoo.digits_accuracy(ferry.load(model).run)
+    after = zoo.digits_accuracy(ferry.load(result.model).run)
+    assert after >= before - 0.005, (before, after)
+    result.save(tmp_path / "digits.int8.onnx")
+    saved = json.loads((tmp_path / "digits.int8.quantize.json").read_text())
+    assert saved["target"] == "onnxruntime" and saved["quantized"]
+    assert check(result.model, "onnxruntime") == []
+
+
+def test_cli_quantize_and_check(tmp_path: Path) -> None:
+    source = tmp_path / "m.onnx"
+    onnx.save(outlier_model(), source)
+    np.savez(tmp_path / "calib.npz", x=np.concatenate([f["x"] for f in feeds(12)]))
+    out = tmp_path / "m.int8.onnx"
+    result = CliRunner().invoke(
+        cli,
+        [
+            "quantize",
+            str(source),
+            "-o",
+            str(out),
+            "--data",
+            str(tmp_path / "calib.npz"),
+            "--budget",
+            "50%",
+            "--force",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "cosine" in result.output and "nodes quantized" in result.output
+    assert out.is_file() and (tmp_path / "m.int8.quantize.json").is_file()
+    checked = CliRunner().invoke(cli, ["quantize", str(out), "--check", "--target", "onnxruntime"])
+    assert checked.exit_code == 0, checked.output
+    refused = CliRunner().invoke(
+        cli, ["quantize", str(source), "-o", str(tmp_path / "r.onnx"), "--random"]
+    )
+    assert (
+        refused.exit_code == 3
+        and "not written" in refused.output
+        and not (tmp_path / "r.onnx").exists()
+    )
+    missing = CliRunner().invoke(cli, ["quantize", str(source), "-o", str(tmp_path / "x.onnx")])
+    assert missing.exit_code == 2 and "needs calibration data" in missing.output
