@@ -199,6 +199,10 @@ def test_cli_quantize_and_check(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "cosine" in result.output and "nodes quantized" in result.output
     assert out.is_file() and (tmp_path / "m.int8.quantize.json").is_file()
+    assert ferry.load(out).quantization is not None  # the saved report travels with the file
+    assert "quantized=int8 for onnxruntime" in repr(ferry.load(out))
+    info = CliRunner().invoke(cli, ["info", str(out)])
+    assert "quantized by ferry: int8 for onnxruntime" in info.output, info.output
     checked = CliRunner().invoke(cli, ["quantize", str(out), "--check", "--target", "onnxruntime"])
     assert checked.exit_code == 0, checked.output
     refused = CliRunner().invoke(

@@ -95,6 +95,18 @@ def command(model: Path, as_json: bool, top: int, shapes: tuple[str, ...]) -> No
         f"({human_bytes(summary.param_bytes)}{', external data' if summary.external_data else ''})   "
         f"{label}: {flops}"
     )
+    from ferry.runtime import quantization_report
+
+    quantized = quantization_report(path)
+    if quantized:
+        speed = quantized.get("speedup")
+        metric = quantized.get("metric", {}).get("kind", "metric")
+        console.print(
+            f"quantized by ferry: {quantized.get('precision')} for {quantized.get('target')}, "
+            f"{metric} {quantized.get('score_after', 0):.4f} on held-back data"
+            + (f", {speed:.2f}x on {quantized.get('engine')}" if speed else "")
+            + f", {len(quantized.get('kept_float', []))} node(s) kept float"
+        )
     if summary.has_subgraphs:
         console.print("control flow: yes (If/Loop/Scan subgraphs; their nodes are counted)")
     ops = Table("op", "count", show_edge=False, box=None, pad_edge=False)

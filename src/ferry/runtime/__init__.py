@@ -40,6 +40,7 @@ from ferry.runtime._session import (
     load,
     lower_plan,
     make_plan,
+    quantization_report,
     with_precision,
 )
 from ferry.runtime._specs import InputChecker, TensorSpec, format_shape, spec_of
@@ -75,6 +76,7 @@ __all__ = [
     "make_plan",
     "parse_dims",
     "parse_shape",
+    "quantization_report",
     "random_feeds",
     "resolve_cache",
     "spec_of",

@@ -13,6 +13,7 @@ values that are read later or were requested, and drops every value after its la
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import time
@@ -159,7 +160,28 @@ def load(
     offered = placed_here and FALLBACK in names and len(names) > 1
     if check_pays and offered and set(plan.backends) != {FALLBACK}:
         plan = _faster_plan(work, plan, threads, source_path, cache_dir, example_inputs, shapes)
-    return Session(work, plan, threads=threads, source_path=source_path, cache_dir=cache_dir)
+    session = Session(work, plan, threads=threads, source_path=source_path, cache_dir=cache_dir)
+    session.quantization = quantization_report(source_path)
+    return session
+
+
+def quantization_report(model_file: Path | None) -> dict[str, Any] | None:
+    """The report ``ferry quantize`` saved beside ``model_file`` (``<stem>.quantize.json``, or an
+    artifact's ``ferry.json`` ``"quantization"``); None for a model it did not make."""
+    if model_file is None:
+        return None
+    for path, key in (
+        (model_file.with_suffix(".quantize.json"), None),
+        (model_file.parent / "ferry.json", "quantization"),
+    ):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        found = data.get(key) if key and isinstance(data, dict) else data
+        if isinstance(found, dict) and "precision" in found and "target" in found:
+            return found
+    return None
 
 
 def _faster_plan(
@@ -327,6 +349,9 @@ class Session:
         self.model = model
         self.plan = plan
         self.threads = threads
+        #: What ``ferry quantize`` saved about this model (precision, target, metric and latency
+        #: before/after, nodes kept float), when it made it; else None.
+        self.quantization: dict[str, Any] | None = None
         required = [spec_of(v) for v in graph_inputs(model)]
         # From IR 4 on, an initializer that is also a graph input is a default the caller may
         # override; before IR 4 every initializer had to be listed as an input and is a constant.
@@ -513,7 +538,13 @@ class Session:
     def __repr__(self) -> str:
         ins = ", ".join(f"{s.name}: {s.describe()}" for s in self.inputs)
         outs = ", ".join(f"{s.name}: {s.describe()}" for s in self.outputs)
-        return f"Session(backends={self.plan.backends}, inputs=[{ins}], outputs=[{outs}])"
+        quantized = ""
+        if self.quantization:
+            q = self.quantization
+            quantized = f", quantized={q.get('precision')} for {q.get('target')}"
+        return (
+            f"Session(backends={self.plan.backends}, inputs=[{ins}], outputs=[{outs}]{quantized})"
+        )
 
 
 # Schedules are memoized per set of requested outputs; a caller cycling through many subsets of
