@@ -16,8 +16,10 @@ doubling how many each round.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
+import io
 import json
 import logging
 import os
@@ -33,6 +35,7 @@ import onnx_ir as ir
 from ferry.errors import BackendUnavailableError, FerryError, InvalidInputError
 from ferry.graph import atomic_path, load_model, save_model
 from ferry.optimizer.quantize._data import ImagePreprocessing, Samples, load_samples, split
+from ferry.optimizer.quantize._mse import write_mse_ranges
 from ferry.optimizer.quantize._targets import TARGETS, drop_graph_output_qdq, ort_arguments, scheme
 from ferry.parity import judge
 
@@ -440,7 +443,7 @@ class _Quantizer:
 
         arguments = ort_arguments(self.scheme)
         if self.dynamic:
-            quantize_dynamic(
+            quantize_dynamic(  # needs no calibration
                 self.source,
                 out,
                 weight_type=arguments["weight_type"],
@@ -460,27 +463,27 @@ class _Quantizer:
             def get_next(self) -> dict[str, np.ndarray] | None:
                 return next(self.items, None)
 
+        # MSE ranges are ours, saved as the cache of the histogram calibrator that collects them.
         methods = {
             "minmax": CalibrationMethod.MinMax,
             "percentile": CalibrationMethod.Percentile,
             "entropy": CalibrationMethod.Entropy,
-            "mse": CalibrationMethod.Distribution,
+            "mse": CalibrationMethod.Percentile,
         }
-        try:
+        cache = self.folder / f"ranges-{self.method}.json"
+        if self.method == "mse" and not cache.exists():
+            write_mse_ranges(self.source, Reader(), self.folder, cache)
+        with contextlib.redirect_stdout(io.StringIO()):  # ONNX Runtime's calibrators print
             quantize_static(
                 self.source,
                 out,
                 Reader(),
                 nodes_to_exclude=keep_float,
                 calibrate_method=methods[self.method],
-                calibration_cache_path=self.folder / f"ranges-{self.method}.json",
+                # Ranges once, reused as the accuracy loop re-quantizes with nodes kept float.
+                calibration_cache_path=cache,
                 **arguments,
             )
-        except TypeError:  # an older ONNX Runtime without the calibration cache
-            quantize_static(
-                self.source, out, Reader(), nodes_to_exclude=keep_float,
-                calibrate_method=methods[self.method], **arguments,
-            )  # fmt: skip
         model = ir.load(out)
         if not self.scheme.qdq_on_graph_outputs:
             # ONNX Runtime cannot leave just the graph outputs float (its switch is per op type,
