@@ -478,6 +478,10 @@ class _Quantizer:
                 self.source,
                 out,
                 Reader(),
+                # Only the ops with weights (and their inputs/outputs): quantizing elementwise
+                # ops too (Add, Mul, Sigmoid...) cost the kit's text recognizer most of its
+                # accuracy, which keeping every Conv float could not win back.
+                op_types_to_quantize=sorted(_WEIGHTED),
                 nodes_to_exclude=keep_float,
                 calibrate_method=methods[self.method],
                 # Ranges once, reused as the accuracy loop re-quantizes with nodes kept float.
