@@ -426,12 +426,18 @@ class _Quantizer:
         """The model quantized with ``keep_float`` nodes left float."""
         self.count += 1
         out = self.folder / f"q{self.count}.onnx"
+        import onnxruntime
+
         quiet = _QuietAdvice()
         logging.getLogger().addFilter(quiet)
+        # The calibrator's own sessions log the engine's warnings (a model's wrong declared
+        # output shape, say) straight to the terminal; ferry's sessions keep them quiet too.
+        onnxruntime.set_default_logger_severity(3)
         try:
             return self._run(out, keep_float)
         finally:
             logging.getLogger().removeFilter(quiet)
+            onnxruntime.set_default_logger_severity(2)
 
     def _run(self, out: Path, keep_float: list[str]) -> ir.Model:
         from onnxruntime.quantization import (
@@ -504,6 +510,18 @@ def _prepared(model: ir.Model) -> ir.Model:
     from ferry.optimizer._pipeline import pipeline, rule_context
 
     work = prepare(model)
+    if work.opset_imports.get("", 13) < 13:
+        # Per-channel QuantizeLinear/DequantizeLinear (their axis) are opset 13; ONNX Runtime's
+        # quantizer writes them at the model's opset, and ONNX Runtime then refuses the model.
+        from onnxscript.version_converter import ConvertVersionPass
+
+        converter_log = logging.getLogger("onnxscript.version_converter")
+        level = converter_log.level
+        converter_log.setLevel(logging.ERROR)  # its fallback to onnx's converter is routine here
+        try:
+            ConvertVersionPass(target_version=13, fallback=True)(work)
+        finally:
+            converter_log.setLevel(level)
     pipeline(rule_context(work, "basic", None))(work)
     return prepare(work)
 
