@@ -610,8 +610,13 @@ def _latency(
         return engine, None, None, f"{engine} is not available here ({e})"
     runs = [lambda: before_s.run(dict(feed)), lambda: after_s.run(dict(feed))]
     before, after = block_medians(runs, 2.0)
-    if after > before * 1.02:  # a burst of another process: the second measurement decides
-        before, after = block_medians(runs, 2.0)
+    if after > before * 0.9:
+        # Close: measure again and keep the worse ratio. A slower model handed back is worse
+        # than a faster one refused (measured: a 3 ms classifier timed 0.95x here, 1.5x slower
+        # in the benchmark's longer run).
+        again_before, again_after = block_medians(runs, 2.0)
+        if again_after / again_before > after / before:
+            before, after = again_before, again_after
     return engine, before * 1000, after * 1000, None
 
 
