@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
@@ -129,8 +130,10 @@ def test_bad_options() -> None:
         quantize(outlier_model(), data=feeds(4), target="npu")
     with pytest.raises(InvalidInputError, match="unknown calibration method"):
         quantize(outlier_model(), data=feeds(4), method="kl")
-    with pytest.raises(InvalidInputError, match="bf16: run the float model"):
+    with pytest.raises(InvalidInputError, match="bf16 runs on openvino and tensorrt, not onnx"):
         quantize(outlier_model(), data=feeds(4), precision="bf16")
+    with pytest.raises(InvalidInputError, match="unknown precision 'int4'"):
+        quantize(outlier_model(), data=feeds(4), precision="int4")
     with pytest.raises(InvalidInputError, match="budget must be"):
         quantize(outlier_model(), data=feeds(4), budget="lots")
     with pytest.raises(InvalidInputError, match="unknown metric"):
@@ -244,3 +247,37 @@ def test_mse_threshold_clips_long_tails() -> None:
     flat = rng.uniform(0, 1, 100_000)
     counts, edges = np.histogram(flat, bins=2048, range=(0, 1))
     assert mse_threshold(counts, edges) > 0.95
+
+
+def _quantized_outputs(model: ir.Model) -> list[str]:
+    """Weighted ops whose output goes straight into a QuantizeLinear."""
+    return [
+        n.op_type
+        for n in model.graph
+        if n.op_type in ("Conv", "Gemm", "MatMul")
+        and any(u.op_type == "QuantizeLinear" for v in n.outputs for u, _ in v.uses())
+    ]
+
+
+def test_openvino_times_both_placements_and_keeps_its_choice() -> None:
+    pytest.importorskip("openvino")
+    result = quantize(
+        outlier_model(1.0), data=feeds(16), target="openvino", budget="5%", force=True
+    )
+    placement = result.report.placement
+    # Both were quantized, judged and timed on OpenVINO; the report says which won and why.
+    assert "chosen on openvino" in placement, placement
+    assert "inputs " in placement and "inputs+outputs " in placement
+    chosen = placement.split(",")[0]
+    assert chosen in ("inputs", "inputs+outputs")
+    # The model handed back is quantized at the chosen placement.
+    assert bool(_quantized_outputs(result.model)) == (chosen == "inputs+outputs")
+    assert any("Q/DQ placement" in line for line in result.report.lines())
+
+
+def test_onnxruntime_quantizes_outputs_and_tensorrt_inputs_only() -> None:
+    ort_result = quantize(outlier_model(1.0), data=feeds(16), budget="5%", force=True)
+    assert ort_result.report.placement == "inputs+outputs"
+    assert _quantized_outputs(ort_result.model)  # DQ -> Conv -> Q for QLinearConv
+    trt = quantize(outlier_model(1.0), data=feeds(16), target="tensorrt", budget="5%", force=True)
+    assert trt.report.placement == "inputs" and not _quantized_outputs(trt.model)

@@ -431,3 +431,18 @@ def test_check_summary() -> None:
         ]
     )
     assert line == "3 breaches: weight-range x2 (conv1, ...), output-qdq (ydq)"
+
+
+def test_placement_decides_output_quantization() -> None:
+    ov = scheme("openvino")
+    assert ov.placements == ("inputs", "inputs+outputs")
+    inputs_only = ort_arguments(ov.with_placement("inputs"))["extra_options"]
+    assert "Conv" in inputs_only["OpTypesToExcludeOutputQuantization"]
+    both = ort_arguments(ov.with_placement("inputs+outputs"))["extra_options"]
+    assert "OpTypesToExcludeOutputQuantization" not in both
+    assert (
+        "OpTypesToExcludeOutputQuantization"
+        not in ort_arguments(scheme("onnxruntime"))["extra_options"]
+    )
+    with pytest.raises(InvalidInputError, match="unknown placement"):
+        ov.with_placement("outputs")  # type: ignore[arg-type]

@@ -320,8 +320,7 @@ class OpenVINOPartition:
                 raise ExecutionError(f"OpenVINO failed to run the model: {_first_line(e)}") from e
             try:
                 return {
-                    name: np.array(request.get_output_tensor(self._out_index[name]).data)
-                    for name in names
+                    name: _array(request.get_output_tensor(self._out_index[name])) for name in names
                 }
             except KeyError as e:
                 raise ExecutionError(
@@ -348,10 +347,12 @@ def _rules() -> tuple[OpRule, ...]:
 
 
 #: Element types ferry exchanges with OpenVINO with their values intact (not float64: the CPU
-#: plugin computes it in f32; not bfloat16, float8, int4: no numpy type its API returns).
+#: plugin computes it in f32; not float8, int4: no numpy type its API returns). bfloat16: the
+#: CPU plugin computes a bf16 graph in bf16 (a choice the model made: ``ferry quantize
+#: --precision bf16``), and its outputs are read back bit for bit (:func:`_array`).
 _EXCHANGEABLE = frozenset(
     {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"}
-    | {"float16", "float32"}
+    | {"float16", "float32", "bfloat16"}
 )
 # Reasons the generated table gives for leaving an op out that record a lack of test coverage,
 # not a problem: such ops are offered to the engine.
@@ -777,6 +778,17 @@ _DTYPE_ALIASES = {
     for alias, canonical in ((np.longlong, np.int64), (np.ulonglong, np.uint64))
     if np.dtype(alias).char != np.dtype(canonical).char
 }
+
+
+def _array(tensor: Any) -> np.ndarray:
+    """An output tensor as a numpy array of its own: bf16 as ml_dtypes' bfloat16 (OpenVINO's
+    ``.data`` shows bf16 bits as float16, which reads them as other numbers)."""
+    data = np.array(tensor.data)
+    if tensor.element_type.get_type_name() == "bf16":
+        import ml_dtypes
+
+        return data.view(np.uint16).view(ml_dtypes.bfloat16)
+    return data
 
 
 def _canonical(value: np.ndarray) -> np.ndarray:

@@ -59,7 +59,9 @@ def _floats(text: str | None, option: str) -> tuple[float, ...] | None:
     default=None,
     help="Weights per channel (default: the target's choice).",
 )
-@click.option("--precision", type=click.Choice(["int8", "fp16"]), default="int8", show_default=True)
+@click.option(
+    "--precision", type=click.Choice(["int8", "fp16", "bf16"]), default="int8", show_default=True
+)
 @click.option("--dynamic", is_flag=True, help="Dynamic int8 (MatMul/LSTM/GRU-heavy models).")
 @click.option(
     "--budget", default="1%", show_default=True, help="How much of the metric may be lost."

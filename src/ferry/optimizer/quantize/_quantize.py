@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import io
 import json
@@ -34,9 +35,16 @@ import onnx_ir as ir
 
 from ferry.errors import BackendUnavailableError, FerryError, InvalidInputError
 from ferry.graph import atomic_path, load_model, save_model
+from ferry.optimizer.quantize._bf16 import to_bf16, upgrade_opset
 from ferry.optimizer.quantize._data import ImagePreprocessing, Samples, load_samples, split
 from ferry.optimizer.quantize._mse import write_mse_ranges
-from ferry.optimizer.quantize._targets import TARGETS, drop_graph_output_qdq, ort_arguments, scheme
+from ferry.optimizer.quantize._targets import (
+    TARGETS,
+    Scheme,
+    drop_graph_output_qdq,
+    ort_arguments,
+    scheme,
+)
 from ferry.parity import judge
 
 __all__ = ["METHODS", "METRICS", "QuantizeReport", "QuantizeResult", "quantize"]
@@ -45,12 +53,17 @@ logger = logging.getLogger(__name__)
 
 METHODS = ("minmax", "percentile", "entropy", "mse")
 METRICS = ("top1", "cosine", "mask", "seq")
-PRECISIONS = ("int8", "fp16")
+PRECISIONS = ("int8", "fp16", "bf16")
+#: Targets whose engines run a bf16 graph: OpenVINO's CPU plugin (bf16 kernels on AVX512-BF16
+#: and AMX, emulated elsewhere) and TensorRT. ONNX Runtime's CPU provider has no bf16 Conv,
+#: pooling or activations, and TFLite no bf16 at all.
+_BF16_TARGETS = ("openvino", "tensorrt")
 #: Ops static quantization touches (ONNX Runtime's QDQ quantizer places the rest by them).
 _WEIGHTED = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
 #: Rounds of the accuracy loop (1, 2, 4, ... nodes kept float).
 _MAX_ROUNDS = 7
-#: Ops fp16 keeps in fp32: reductions and exponentials whose range or sums overflow half.
+#: Ops fp16 and bf16 keep in fp32: reductions and exponentials whose sums overflow half or lose
+#: bf16's 8 bits of mantissa, normalizations, coordinates.
 _FP16_KEEP = [
     "Softmax", "LogSoftmax", "ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceLogSumExp",
     "Exp", "Log", "Pow", "Sqrt", "Reciprocal", "Div", "LayerNormalization", "InstanceNormalization",
@@ -70,7 +83,9 @@ class QuantizeReport:
         latency_before_ms / latency_after_ms / engine: timed on the target engine at the
             samples' sizes (None with ``latency_skipped`` saying why).
         bytes_before / bytes_after: the serialized models.
-        quantized: nodes that run quantized; ``kept_float``: nodes the loop returned to float.
+        quantized: nodes that run quantized (int8, or fp16/bf16); ``kept_float``: nodes the loop returned to float.
+        placement: where activations were quantized (``inputs`` or ``inputs+outputs``) and, where
+            the target engine chose between them, each one's score and latency.
         refused: why the input was kept (over budget, slower); ``forced``: kept anyway.
     """
 
@@ -92,6 +107,7 @@ class QuantizeReport:
     quantized: tuple[str, ...]
     kept_float: tuple[str, ...]
     rounds: int
+    placement: str = ""
     refused: str | None = None
     forced: bool = False
 
@@ -110,7 +126,8 @@ class QuantizeReport:
     def lines(self) -> list[str]:
         """The report in words, for the CLI."""
         out = [
-            f"{self.precision} for {self.target} ({self.scheme}; {self.method} calibration)",
+            f"{self.precision} for {self.target} ({self.scheme}"
+            + (f"; {self.method} calibration)" if self.method != "-" else ")"),
             f"data: {self.samples}",
             f"{self.metric.get('kind')}: {self.score_before:.4f} -> {self.score_after:.4f} "
             f"(budget: at least {self.budget:.4f})",
@@ -123,6 +140,8 @@ class QuantizeReport:
                 f"{self.latency_after_ms:.3f} ms ({self.speedup:.2f}x)"
             )
         out.append(f"size: {self.bytes_before / 1e6:.2f} MB -> {self.bytes_after / 1e6:.2f} MB")
+        if self.placement:
+            out.append(f"Q/DQ placement: {self.placement}")
         out.append(f"nodes quantized: {len(self.quantized)}; kept float: {len(self.kept_float)}")
         if self.kept_float:
             out.append(
@@ -192,7 +211,8 @@ def quantize(
             every target accepts): decides the scheme (signedness, symmetry, per-channel) and
             where latency is measured (ONNX Runtime for tflite/portable here).
         method: calibration: ``minmax``, ``percentile``, ``entropy`` or ``mse``.
-        precision: ``int8`` or ``fp16`` (numerically sensitive ops stay fp32).
+        precision: ``int8``, ``fp16`` or ``bf16`` (numerically sensitive ops stay fp32; bf16
+            for ``openvino`` and ``tensorrt``, judged on OpenVINO).
         per_channel: per-channel weights; None: the target's choice.
         dynamic: dynamic int8 (weights int8, activations quantized per call): for MatMul-,
             LSTM- and GRU-heavy models; needs no calibration data beyond judging.
@@ -216,13 +236,14 @@ def quantize(
             f"unknown calibration method {method!r}; use one of {', '.join(METHODS)}"
         )
     if precision not in PRECISIONS:
-        hint = (
-            " (bf16: run the float model with ferry.load(..., precision='bf16') on OpenVINO)"
-            if precision == "bf16"
-            else ""
-        )
         raise InvalidInputError(
-            f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}{hint}"
+            f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}"
+        )
+    if precision == "bf16" and target not in _BF16_TARGETS:
+        raise InvalidInputError(
+            f"bf16 runs on {' and '.join(_BF16_TARGETS)}, not {target}: ONNX Runtime's CPU "
+            "provider has no bf16 Conv, pooling or activations and TFLite has no bf16; use "
+            "--target openvino (or tensorrt), or --precision fp16"
         )
     least = 1.0 - _budget(budget)
     spec = _metric(metric, least)
@@ -234,9 +255,17 @@ def quantize(
     quantized_nodes: tuple[str, ...] = ()
     kept: list[str] = []
     rounds = 0
+    placement = ""
     if precision == "fp16":
         work, description = _fp16(original), "fp16, sensitive ops fp32"
         score = _score(work, samples.held_back, want, spec)
+        quantized_nodes = _computing_in(work, ir.DataType.FLOAT16)
+    elif precision == "bf16":
+        work, count = to_bf16(_prepared(original), _FP16_KEEP)
+        description = f"bf16 ({count} nodes), sensitive ops fp32"
+        # ONNX Runtime cannot run it: judged where it runs (OpenVINO stands in for TensorRT).
+        score = _score(work, samples.held_back, want, spec, engine="openvino")
+        quantized_nodes = _computing_in(work, ir.DataType.BFLOAT16)
     else:
         the_scheme = scheme(target, per_channel=per_channel)
         description = ("dynamic " if dynamic else "") + the_scheme.describe()
@@ -247,8 +276,11 @@ def quantize(
             quantizer = _Quantizer(
                 source, Path(tmp), the_scheme, method, dynamic, samples.calibration
             )
-            work = quantizer.run([])
-            score = _score(work, samples.held_back, want, spec)
+            if dynamic:
+                work = quantizer.run([])
+                score = _score(work, samples.held_back, want, spec)
+            else:
+                work, score, placement = _place(quantizer, target, samples, want, spec, least)
             ranking: list[str] | None = None
             keep = 0
             while score < least and rounds < _MAX_ROUNDS:
@@ -295,6 +327,7 @@ def quantize(
         quantized=quantized_nodes,
         kept_float=tuple(kept),
         rounds=rounds,
+        placement=placement,
         refused=refused,
         forced=force and refused is not None,
     )
@@ -369,12 +402,19 @@ def _score(
     feeds: Sequence[Mapping[str, np.ndarray]],
     want: Sequence[Mapping[str, np.ndarray]],
     spec: Mapping[str, Any],
+    engine: str | None = None,
 ) -> float:
     """The metric's worst score over the outputs, over the held-back samples (their outputs
-    joined along the batch axis where the sizes allow, else the mean of per-sample scores)."""
+    joined along the batch axis where the sizes allow, else the mean of per-sample scores), run
+    on ``engine`` (None: ferry's default)."""
     from ferry.runtime import load
 
-    session = load(model)
+    try:
+        session = load(model, backends=engine) if engine else load(model)
+    except BackendUnavailableError as e:
+        raise InvalidInputError(
+            f"{engine} is needed to judge this model and is missing: {e}"
+        ) from e
     got = [session.run(dict(feed)) for feed in feeds]
     joined_got, joined_want = _join(got), _join(want)
     if joined_got is not None and joined_want is not None:
@@ -406,6 +446,54 @@ def _join(outputs: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray] 
         return None
 
 
+def _place(
+    quantizer: _Quantizer,
+    target: str,
+    samples: Samples,
+    want: Sequence[Mapping[str, np.ndarray]],
+    spec: Mapping[str, Any],
+    least: float,
+) -> tuple[ir.Model, float, str]:
+    """Quantize at each of the scheme's placements and keep one for the rest (the model, its
+    score, the choice in words): where there are two, the faster on the target engine of those
+    within budget (else the more accurate); ``quantizer`` keeps the choice."""
+    from ferry.runtime import block_medians, load
+
+    placements = quantizer.scheme.placements
+    models = {p: quantizer.run([], p) for p in placements}
+    scores = {p: _score(m, samples.held_back, want, spec) for p, m in models.items()}
+    chosen, words = placements[0], placements[0]
+    if len(placements) > 1:
+        engine = _engine(target)
+        try:
+            sessions = [load(models[p], backends=engine) for p in placements]
+        except BackendUnavailableError as e:
+            words = f"{chosen} ({engine} is not available here to choose: {e})"
+        else:
+            feed = dict(samples.held_back[0])
+            runs: list[Callable[[], object]] = [
+                functools.partial(session.run, feed) for session in sessions
+            ]
+            times = block_medians(runs, 1.0)
+            ms = dict(zip(placements, (t * 1000 for t in times), strict=True))
+            within = [p for p in placements if scores[p] >= least]
+            chosen = (
+                min(within, key=ms.__getitem__)
+                if within
+                else max(placements, key=lambda p: scores[p])
+            )
+            words = f"{chosen}, chosen on {engine}: " + "; ".join(
+                f"{p} {ms[p]:.3f} ms, {spec['kind']} {scores[p]:.4f}" for p in placements
+            )
+    quantizer.placement = chosen
+    return models[chosen], scores[chosen], words
+
+
+def _engine(target: str) -> str:
+    """Where ``target``'s models are timed (ONNX Runtime stands in for tflite and portable)."""
+    return target if target in ("openvino", "tensorrt") else "onnxruntime"
+
+
 class _Quantizer:
     """ONNX Runtime's quantizer for one model and scheme, re-run with nodes kept float."""
 
@@ -420,10 +508,12 @@ class _Quantizer:
     ) -> None:
         self.source, self.folder, self.scheme = source, folder, the_scheme
         self.method, self.dynamic, self.calibration = method, dynamic, calibration
+        self.placement = the_scheme.placements[0]
         self.count = 0
 
-    def run(self, keep_float: list[str]) -> ir.Model:
-        """The model quantized with ``keep_float`` nodes left float."""
+    def run(self, keep_float: list[str], placement: str | None = None) -> ir.Model:
+        """The model quantized with ``keep_float`` nodes left float, activations quantized at
+        ``placement`` (None: :attr:`placement`)."""
         self.count += 1
         out = self.folder / f"q{self.count}.onnx"
         import onnxruntime
@@ -434,12 +524,14 @@ class _Quantizer:
         # output shape, say) straight to the terminal; ferry's sessions keep them quiet too.
         onnxruntime.set_default_logger_severity(3)
         try:
-            return self._run(out, keep_float)
+            return self._run(
+                out, keep_float, self.scheme.with_placement(placement or self.placement)
+            )
         finally:
             logging.getLogger().removeFilter(quiet)
             onnxruntime.set_default_logger_severity(2)
 
-    def _run(self, out: Path, keep_float: list[str]) -> ir.Model:
+    def _run(self, out: Path, keep_float: list[str], the_scheme: Scheme) -> ir.Model:
         from onnxruntime.quantization import (
             CalibrationDataReader,
             CalibrationMethod,
@@ -447,7 +539,7 @@ class _Quantizer:
             quantize_static,
         )
 
-        arguments = ort_arguments(self.scheme)
+        arguments = ort_arguments(the_scheme)
         if self.dynamic:
             quantize_dynamic(  # needs no calibration
                 self.source,
@@ -495,7 +587,7 @@ class _Quantizer:
                 **arguments,
             )
         model = ir.load(out)
-        if not self.scheme.qdq_on_graph_outputs:
+        if not the_scheme.qdq_on_graph_outputs:
             # ONNX Runtime cannot leave just the graph outputs float (its switch is per op type,
             # which would also stop the engines fusing DQ -> Conv -> Q inside the graph).
             drop_graph_output_qdq(model)
@@ -510,18 +602,9 @@ def _prepared(model: ir.Model) -> ir.Model:
     from ferry.optimizer._pipeline import pipeline, rule_context
 
     work = prepare(model)
-    if work.opset_imports.get("", 13) < 13:
-        # Per-channel QuantizeLinear/DequantizeLinear (their axis) are opset 13; ONNX Runtime's
-        # quantizer writes them at the model's opset, and ONNX Runtime then refuses the model.
-        from onnxscript.version_converter import ConvertVersionPass
-
-        converter_log = logging.getLogger("onnxscript.version_converter")
-        level = converter_log.level
-        converter_log.setLevel(logging.ERROR)  # its fallback to onnx's converter is routine here
-        try:
-            ConvertVersionPass(target_version=13, fallback=True)(work)
-        finally:
-            converter_log.setLevel(level)
+    # Per-channel QuantizeLinear/DequantizeLinear (their axis) are opset 13; ONNX Runtime's
+    # quantizer writes them at the model's opset, and ONNX Runtime then refuses the model.
+    upgrade_opset(work, 13)
     pipeline(rule_context(work, "basic", None))(work)
     return prepare(work)
 
@@ -555,6 +638,15 @@ def _quantized_nodes(model: ir.Model) -> list[str]:
         if any(p is not None and p.op_type == "DequantizeLinear" for p in producers):
             found.append(node.name or node.op_type)
     return found
+
+
+def _computing_in(model: ir.Model, dtype: ir.DataType) -> tuple[str, ...]:
+    """Nodes (Casts aside) with an output in ``dtype``: those that compute in fp16/bf16."""
+    return tuple(
+        node.name or node.op_type
+        for node in model.graph
+        if node.op_type != "Cast" and any(v.dtype == dtype for v in node.outputs)
+    )
 
 
 def _sensitivity(
@@ -603,7 +695,7 @@ def _latency(
     """Both timed on the target's engine (ONNX Runtime stands in for tflite and portable)."""
     from ferry.runtime import block_medians, load
 
-    engine = target if target in ("openvino", "tensorrt") else "onnxruntime"
+    engine = _engine(target)
     try:
         before_s, after_s = load(original, backends=engine), load(quantized, backends=engine)
     except BackendUnavailableError as e:
