@@ -48,7 +48,8 @@ def test_each_calibration_method(method: str, onnx_file: ONNX_OF) -> None:
     path = onnx_file(mid)
     data = [kit_models.feeds(mid, index=i) for i in range(8)]
     result = ferry.quantize(path, data=data, method=method, metric="top1", budget="2%", force=True)
-    assert result.report.method == method and result.report.quantized
+    used = ("minmax", "mse") if method == "auto" else (method,)
+    assert result.report.method in used and result.report.quantized
     assert result.report.score_after >= result.report.budget, result.report.lines()
     quantized, reference = ferry.load(result.model), ferry.load(path)
     feeds = kit_models.feeds(mid, 0)
