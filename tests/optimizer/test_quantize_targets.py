@@ -371,6 +371,7 @@ def test_every_rule_is_tested() -> None:
         "bias-dtype",
         "bias-scale",
         "scale",
+        "residual-qdq",  # test_residual_add_gets_qdq_for_tensorrt
     }
     assert set(RULES) == tested
 
@@ -446,3 +447,52 @@ def test_placement_decides_output_quantization() -> None:
     )
     with pytest.raises(InvalidInputError, match="unknown placement"):
         ov.with_placement("outputs")  # type: ignore[arg-type]
+
+
+def residual_block() -> onnx.ModelProto:
+    """x -> Conv -> Relu = r; r -> Conv -> c; y = Add(c, r): the ResNet shape whose Add TensorRT
+    fuses into the second Conv when r reaches the Add through Q/DQ."""
+    rng = np.random.default_rng(5)
+    w1 = (rng.standard_normal((4, 4, 3, 3)) * 0.2).astype(np.float32)
+    w2 = (rng.standard_normal((4, 4, 3, 3)) * 0.2).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1], name="conv1"),
+            helper.make_node("Relu", ["a"], ["r"], name="relu"),
+            helper.make_node("Conv", ["r", "w2"], ["c"], pads=[1, 1, 1, 1], name="conv2"),
+            helper.make_node("Add", ["c", "r"], ["y"], name="add"),
+        ],
+        "residual",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_residual_add_gets_qdq_for_tensorrt() -> None:
+    from ferry.optimizer.quantize import quantize, quantize_residual_inputs
+
+    rng = np.random.default_rng(0)
+    data = [{"x": rng.random((1, 4, 8, 8), dtype=np.float32)} for _ in range(8)]
+    result = quantize(residual_block(), data=data, target="tensorrt", budget="5%", force=True)
+    add = next(n for n in result.model.graph if n.op_type == "Add")
+    producers = [v.producer().op_type for v in add.inputs if v is not None and v.producer()]
+    assert sorted(producers) == ["Conv", "DequantizeLinear"], producers
+    assert check(result.model, "tensorrt") == []
+    # The skip read float (a model quantized elsewhere): the validator names the Add, the fix
+    # gives it a Q/DQ pair of its own with the parameters of the skip's existing Q.
+    bare = result.model
+    dq = next(v for v in add.inputs if v is not None and v.producer().op_type == "DequantizeLinear")
+    skip = dq.producer().inputs[0].producer().inputs[0]
+    add.replace_input_with(list(add.inputs).index(dq), skip)
+    breaches = check(bare, "tensorrt")
+    assert [(b.rule, b.node) for b in breaches] == [("residual-qdq", "add")]
+    assert check(bare, "portable")[0].rule == "residual-qdq"
+    assert check(bare, "openvino") == []  # OpenVINO fuses it itself
+    assert quantize_residual_inputs(bare) == ["add"]
+    assert check(bare, "tensorrt") == []
+    fixed = next(v for v in add.inputs if v is not None and v.name == "r_residual_dq")
+    assert fixed.producer().inputs[1] is dq.producer().inputs[1]  # the same scale

@@ -25,6 +25,7 @@ from ferry.optimizer.quantize._targets import (
     check_summary,
     drop_graph_output_qdq,
     ort_arguments,
+    quantize_residual_inputs,
     scheme,
 )
 
@@ -44,6 +45,7 @@ __all__ = [
     "load_samples",
     "ort_arguments",
     "quantize",
+    "quantize_residual_inputs",
     "scheme",
     "split",
 ]

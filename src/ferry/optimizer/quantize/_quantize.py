@@ -43,6 +43,7 @@ from ferry.optimizer.quantize._targets import (
     Scheme,
     drop_graph_output_qdq,
     ort_arguments,
+    quantize_residual_inputs,
     scheme,
 )
 from ferry.parity import judge
@@ -610,6 +611,8 @@ class _Quantizer:
                 **arguments,
             )
         model = ir.load(out)
+        if the_scheme.residual_qdq:
+            quantize_residual_inputs(model)
         if not the_scheme.qdq_on_graph_outputs:
             # ONNX Runtime cannot leave just the graph outputs float (its switch is per op type,
             # which would also stop the engines fusing DQ -> Conv -> Q inside the graph).

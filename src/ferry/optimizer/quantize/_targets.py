@@ -50,6 +50,7 @@ __all__ = [
     "check_summary",
     "drop_graph_output_qdq",
     "ort_arguments",
+    "quantize_residual_inputs",
     "scheme",
 ]
 
@@ -79,6 +80,9 @@ RULES: dict[str, str] = {
     "bias-scale": "an int32 bias whose scale is not input_scale * weight_scale or whose zero point "
     "is not 0 (the kernels add it to the accumulator unscaled: the result would be wrong)",
     "scale": "a Q/DQ scale that is not positive and finite (the quantized values are undefined)",
+    "residual-qdq": "a residual Add of a Conv's float output and an activation quantized elsewhere, "
+    "read float here (TensorRT fuses Conv + Add into one int8 kernel only when the Add's other "
+    "input comes through Q/DQ; otherwise the Add runs alone in float after the Conv)",
 }
 
 Int8Type = Literal["int8", "uint8"]
@@ -121,6 +125,8 @@ class Scheme:
         bias: What the target takes as a Conv/Gemm bias: ``"float"`` only, ``"int32"`` (float, or
             int32 with the exact scale) or ``"any"`` (any DQ, folded to float).
         reduce_range: Weights are quantized to 7 bits (ORT's ``reduce_range``).
+        residual_qdq: The other input of an Add fed by a Conv gets Q/DQ (TensorRT's Conv + Add
+            fusion).
         placements: Where activations are quantized, in the order tried (:data:`PLACEMENTS`);
             where there are two, the target engine's timings choose.
     """
@@ -137,6 +143,7 @@ class Scheme:
     activations_accepted: tuple[Int8Type, ...]
     bias: BiasRule
     reduce_range: bool = False
+    residual_qdq: bool = False
     placements: tuple[Placement, ...] = ("inputs+outputs",)
 
     def describe(self) -> str:
@@ -245,7 +252,7 @@ def scheme(
     elif target == "tensorrt":
         base = Scheme(
             target, "int8", True, "int8", True, (-128, 127), True, False, False, ("int8",), "float",
-            placements=("inputs",),
+            placements=("inputs",), residual_qdq=True,
         )  # fmt: skip
     elif target == "tflite":
         base = Scheme(
@@ -256,8 +263,9 @@ def scheme(
         # (TensorRT; TFLite's converter, ORT's WeightBiasQuantization and OpenVINO quantize or
         # fold a float bias themselves), float graph outputs (TensorRT placement).
         base = Scheme(
-            target, "int8", True, "int8", True, (-127, 127), True, False, False, ("int8",), "float"
-        )
+            target, "int8", True, "int8", True, (-127, 127), True, False, False, ("int8",), "float",
+            residual_qdq=True,
+        )  # fmt: skip
     if per_channel is not None:
         base = dataclasses.replace(base, per_channel=per_channel)
     return base
@@ -569,7 +577,74 @@ def check(
                         "pair in front of it (ferry's drop_graph_output_qdq).",
                     )
                 )
+    if s.residual_qdq:
+        for add, skip, _ in _residual_adds(graph):
+            breaches.append(
+                Breach(
+                    "residual-qdq",
+                    _name(add),
+                    f"Add {_name(add)!r} reads Conv output and {skip.name!r} float, but "
+                    f"{skip.name!r} is quantized elsewhere: {target} fuses Conv + Add only with "
+                    "Q/DQ on that input (ferry's quantize_residual_inputs adds it).",
+                )
+            )
     return breaches
+
+
+def _residual_adds(graph: ir.Graph) -> list[tuple[ir.Node, ir.Value, ir.Node]]:
+    """``(Add, its float skip input, a Q that already quantizes that input)`` for every Add of a
+    weighted op's float output and an activation read float here but quantized elsewhere."""
+    found = []
+    for add in graph:
+        if not _is_op(add, "Add") or len(add.inputs) != 2:
+            continue
+        a, b = add.inputs
+        if a is None or b is None:
+            continue
+        for conv_out, skip in ((a, b), (b, a)):
+            if not _is_op(conv_out.producer(), *_WEIGHTED) or _is_op(
+                skip.producer(), "DequantizeLinear", *_WEIGHTED
+            ):
+                continue
+            q = next(
+                (u.node for u in skip.uses() if _is_op(u.node, "QuantizeLinear") and u.idx == 0),
+                None,
+            )
+            if q is not None:
+                found.append((add, skip, q))
+                break
+    return found
+
+
+def quantize_residual_inputs(model: ir.Model) -> list[str]:
+    """Give each residual Add's skip input its own Q/DQ pair, in place, with the parameters of
+    the Q that already quantizes it for a Conv (so no new range is needed).
+
+    Before -> After::
+
+        conv_out, skip -> Add            (skip -> Q -> DQ -> Conv elsewhere)
+        conv_out, skip -> Q -> DQ -> Add
+
+    Returns:
+        The names of the Adds changed.
+    """
+    graph = model.graph
+    changed = []
+    for add, skip, q in _residual_adds(graph):
+        params = list(q.inputs[1:])
+        attributes = {k: a.value for k, a in q.attributes.items()}
+        new_q = ir.node("QuantizeLinear", [skip, *params], attributes=attributes)
+        dq_attributes = {k: v for k, v in attributes.items() if k in ("axis", "block_size")}
+        new_dq = ir.node("DequantizeLinear", [new_q.outputs[0], *params], attributes=dq_attributes)
+        new_q.outputs[0].name = f"{skip.name}_residual_q"
+        new_dq.outputs[0].name = f"{skip.name}_residual_dq"
+        new_dq.outputs[0].type, new_dq.outputs[0].shape = skip.type, skip.shape
+        graph.insert_before(add, [new_q, new_dq])
+        for index, value in enumerate(add.inputs):
+            if value is skip:
+                add.replace_input_with(index, new_dq.outputs[0])
+        changed.append(_name(add))
+    return changed
 
 
 def _is_weight_q(node: ir.Node) -> bool:
