@@ -4,7 +4,8 @@ The flatbuffer is walked once, eagerly, through the classes of the ``tflite`` pa
 from TFLite's ``schema.fbs``, pure Python). Reading eagerly means a corrupt or truncated file fails
 here, with the file named, rather than halfway through a translation; the constant buffers are
 kept as zero-copy numpy views of the file's bytes. Sparse constants keep their compressed values;
-:func:`densify_tflite` expands them.
+:func:`densify_tflite` expands them. What is read is enough to write the model back
+(:func:`ferry.formats.write_tflite`): options tables by name, SignatureDefs, metadata.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ferry.formats._tflite_schema import (
     TFLiteOperator,
     TFLiteQuant,
     TFLiteSchema,
+    TFLiteSignature,
     TFLiteSparsity,
     TFLiteSubgraph,
     TFLiteTensor,
@@ -53,7 +55,7 @@ def read_tflite(data: bytes, source: str) -> TFLiteModel:
         )
     schema = tflite_schema()
     try:
-        return _Reader(schema, data).model()
+        return _Reader(schema, data, source).model()
     except ModelLoadError:
         raise
     except (IndexError, ValueError, TypeError, struct.error, UnicodeDecodeError) as e:
@@ -66,12 +68,14 @@ def read_tflite(data: bytes, source: str) -> TFLiteModel:
 
 
 class _Reader:
-    def __init__(self, schema: TFLiteSchema, data: bytes) -> None:
+    def __init__(self, schema: TFLiteSchema, data: bytes, source: str = "the model") -> None:
+        self.source = source
         self.schema = schema.module
         self.data = data
         self.root = self.schema.Model.GetRootAs(data, 0)
         self.builtin_names = schema.builtin_names
         self.options_classes = schema.options_classes
+        self.options2_classes = schema.options2_classes
         self._buffers: dict[int, np.ndarray | None] = {}
 
     def model(self) -> TFLiteModel:
@@ -85,7 +89,54 @@ class _Reader:
             version=int(root.Version()),
             description=description.decode("utf-8", "replace") if description else "",
             subgraphs=subgraphs,
+            signatures=[self._signature(i, subgraphs) for i in range(root.SignatureDefsLength())],
+            metadata=self._metadata(),
         )
+
+    def _signature(self, index: int, subgraphs: list[TFLiteSubgraph]) -> TFLiteSignature:
+        sig = self.root.SignatureDefs(index)
+        key = _text(sig.SignatureKey())
+        graph = int(sig.SubgraphIndex())
+        if not 0 <= graph < len(subgraphs):
+            raise ModelLoadError(
+                f"{self.source}: signature '{key}' names subgraph {graph} out of range; the "
+                "file is corrupt, re-export the model"
+            )
+        count = len(subgraphs[graph].tensors)
+
+        def names(get: Any, length: int) -> dict[str, int]:
+            found = {}
+            for i in range(length):
+                entry = get(i)
+                tensor = int(entry.TensorIndex())
+                if not 0 <= tensor < count:
+                    raise ModelLoadError(
+                        f"{self.source}: signature '{key}' names tensor {tensor} out of range; "
+                        "the file is corrupt, re-export the model"
+                    )
+                found[_text(entry.Name())] = tensor
+            return found
+
+        return TFLiteSignature(
+            key=key,
+            subgraph=graph,
+            inputs=names(sig.Inputs, sig.InputsLength()),
+            outputs=names(sig.Outputs, sig.OutputsLength()),
+        )
+
+    def _metadata(self) -> dict[str, bytes]:
+        found = {}
+        for i in range(self.root.MetadataLength()):
+            entry = self.root.Metadata(i)
+            index = int(entry.Buffer())
+            if not 0 <= index < self.root.BuffersLength():
+                raise ModelLoadError(
+                    f"{self.source}: metadata '{_text(entry.Name())}' names buffer {index} out "
+                    "of range; the file is corrupt, re-export the model"
+                )
+            data = self._buffer(index)
+            found[_text(entry.Name())] = b"" if data is None else data.tobytes()
+        return found
 
     def _opcode(self, code: Any) -> tuple[str, str | None, int]:
         # Codes above 127 live in builtin_code; older files only fill deprecated_builtin_code.
@@ -107,15 +158,19 @@ class _Reader:
             name, custom, version = codes[code_index]
             inputs = _ints(op.InputsAsNumpy())
             outputs = _ints(op.OutputsAsNumpy())
-            for t in (*inputs, *outputs):
+            intermediates = _ints(op.IntermediatesAsNumpy())
+            for t in (*inputs, *outputs, *intermediates):
                 if not -1 <= t < count:
-                    raise ModelLoadError(f"operator {i} ({name}) names tensor {t} out of range")
+                    raise ModelLoadError(
+                        f"{self.source}: operator {i} ({name}) names tensor {t} out of range"
+                    )
             custom_options = None
             if op.CustomOptionsLength():
                 custom_options = op.CustomOptionsAsNumpy().tobytes()
             elif op.LargeCustomOptionsSize():
                 start = int(op.LargeCustomOptionsOffset())
                 custom_options = self.data[start : start + int(op.LargeCustomOptionsSize())]
+            options, options_type = self._options(op)
             operators.append(
                 TFLiteOperator(
                     index=i,
@@ -124,8 +179,10 @@ class _Reader:
                     version=version,
                     inputs=inputs,
                     outputs=outputs,
-                    options=self._options(op),
+                    options=options,
                     custom_options=custom_options,
+                    options_type=options_type,
+                    intermediates=intermediates,
                 )
             )
         inputs = _ints(sg.InputsAsNumpy())
@@ -152,11 +209,13 @@ class _Reader:
         raw = self._buffer(int(t.Buffer()))
         data = None
         opaque = False
+        kept = None
         if raw is not None and raw.size:
             if ttype in TFLITE_DTYPES:
                 data = _decode(raw, ttype, shape, sparse=sparsity is not None, index=index)
             else:  # strings, resources...: only an op that reads it can say whether it matters
                 opaque = True
+                kept = raw.tobytes()
         return TFLiteTensor(
             index=index,
             name=name.decode("utf-8", "replace") if name else f"tensor_{index}",
@@ -169,6 +228,7 @@ class _Reader:
             sparsity=sparsity,
             has_rank=bool(t.HasRank()) or bool(shape),
             opaque=opaque,
+            raw=kept,
         )
 
     def _buffer(self, index: int) -> np.ndarray | None:
@@ -245,17 +305,24 @@ class _Reader:
             return np.zeros(0, dtype=np.int64)
         return np.asarray(values, dtype=np.int64)
 
-    def _options(self, op: Any) -> dict[str, Any]:
+    def _options(self, op: Any) -> tuple[dict[str, Any], str | None]:
+        """The op's builtin options and the name of their table (None when it has none).
+
+        StableHLO ops keep theirs in ``builtin_options_2``, a second union.
+        """
         kind = int(op.BuiltinOptionsType())
-        if kind == 0:
-            return {}
-        cls = self.options_classes.get(kind)
-        table = op.BuiltinOptions()
+        if kind:
+            cls, table = self.options_classes.get(kind), op.BuiltinOptions()
+        else:
+            kind = int(op.BuiltinOptions2Type())
+            if not kind:
+                return {}, None
+            cls, table = self.options2_classes.get(kind), op.BuiltinOptions2()
         if cls is None or table is None:
-            return {}
+            return {}, None
         obj = cls()
         obj.Init(table.Bytes, table.Pos)
-        return {name: _plain(getter(obj)) for name, getter in option_fields(cls)}
+        return {name: _plain(getter(obj)) for name, getter in option_fields(cls)}, cls.__name__
 
 
 def _decode(
@@ -285,6 +352,10 @@ def _decode(
             f"{list(shape)} needs {count}"
         )
     return values.reshape(shape)
+
+
+def _text(value: bytes | None) -> str:
+    return value.decode("utf-8", "replace") if value else ""
 
 
 def _ints(values: Any) -> tuple[int, ...]:
