@@ -265,11 +265,11 @@ def test_openvino_times_both_placements_and_keeps_its_choice() -> None:
         outlier_model(1.0), data=feeds(16), target="openvino", budget="5%", force=True
     )
     chosen = result.report.chosen
-    # Each placement with each method (auto: minmax and mse) was quantized, judged and timed
-    # on OpenVINO; the report says which won and gives each one's figures.
+    # Each placement with each method (auto: minmax and mse) was quantized and judged; each
+    # placement's more accurate method was timed on OpenVINO; the report gives the figures.
     assert "chosen on openvino" in chosen, chosen
-    for candidate in ("inputs/minmax", "inputs/mse", "inputs+outputs/minmax", "inputs+outputs/mse"):
-        assert f"{candidate} " in chosen, chosen
+    for placement in ("inputs/", "inputs+outputs/"):
+        assert placement in chosen, chosen
     placement, method = chosen.split(",")[0], chosen.split(", ")[1].split()[0]
     assert placement in ("inputs", "inputs+outputs") and method == result.report.method
     # The model handed back is quantized at the chosen placement.
@@ -284,7 +284,7 @@ def test_onnxruntime_quantizes_outputs_and_tensorrt_inputs_only() -> None:
     assert ort_result.report.chosen == "inputs+outputs, minmax calibration"
     assert _quantized_outputs(ort_result.model)  # DQ -> Conv -> Q for QLinearConv
     trt = quantize(outlier_model(1.0), data=feeds(16), target="tensorrt", budget="5%", force=True)
-    # Two methods, one placement; no TensorRT here to time them: the more accurate is kept.
-    assert trt.report.chosen.startswith("inputs, "), trt.report.chosen
-    assert "not available here" in trt.report.chosen
+    # One placement, two methods: the more accurate kept, both scores given.
+    words = trt.report.chosen
+    assert words.startswith("inputs, ") and "minmax cosine" in words and "mse cosine" in words
     assert not _quantized_outputs(trt.model)

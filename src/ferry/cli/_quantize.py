@@ -51,8 +51,7 @@ def _floats(text: str | None, option: str) -> tuple[float, ...] | None:
     type=click.Choice(["auto", "minmax", "percentile", "entropy", "mse"]),
     default="auto",
     show_default=True,
-    help="Calibration (auto: minmax and mse both tried, the faster within budget kept, the more "
-    "accurate when their speeds are within 3%).",
+    help="Calibration (auto: minmax and mse both tried, the more accurate kept).",
 )
 @click.option(
     "--per-channel/--per-tensor",

@@ -213,8 +213,7 @@ def quantize(
             every target accepts): decides the scheme (signedness, symmetry, per-channel) and
             where latency is measured (ONNX Runtime for tflite/portable here).
         method: calibration: ``minmax``, ``percentile``, ``entropy``, ``mse``, or ``auto``
-            (minmax and mse both tried, the faster within budget kept, the more accurate when
-            their speeds are within 3%).
+            (minmax and mse both tried, the more accurate kept).
         precision: ``int8``, ``fp16`` or ``bf16`` (numerically sensitive ops stay fp32; bf16
             for ``openvino`` and ``tensorrt``, judged on OpenVINO).
         per_channel: per-channel weights; None: the target's choice.
@@ -471,38 +470,53 @@ def _choose(
     """Quantize with each of the scheme's placements and each calibration method, and keep one
     for the accuracy loop (the model, its score, the choice in words; ``quantizer`` keeps it).
 
-    Of the candidates within budget the fastest on the target engine, or the more accurate of
-    those within 3% of it (closer than this machine's timing noise); none within budget: the
-    most accurate. Measured: minmax ranges won on the kit's CTC recognizer, MSE ranges on its
-    detectors (captcha_det cosine 0.9990 against 0.9968 on ONNX Runtime).
+    Ranges do not change the graph, so a placement keeps its most accurate method (timing
+    them would only measure noise: minmax won on the kit's CTC recognizers, MSE on its
+    detectors, captcha_det cosine 0.9990 against 0.9968). Placements change what the engine
+    fuses: of those within budget the fastest on the target engine is kept, or the more
+    accurate of two within 3% of each other (this machine's timing noise); none within
+    budget: the most accurate.
     """
     from ferry.runtime import block_medians, load
 
     candidates = [(p, m) for p in quantizer.scheme.placements for m in methods]
     models = {c: quantizer.run([], *c) for c in candidates}
     scores = {c: _score(m, samples.held_back, want, spec) for c, m in models.items()}
-    within = [c for c in candidates if scores[c] >= least]
-    chosen = max(within or candidates, key=lambda c: scores[c])
+    best = {  # each placement's most accurate method (the first on a tie)
+        p: max((c for c in candidates if c[0] == p), key=lambda c: scores[c])
+        for p in quantizer.scheme.placements
+    }
+    finalists = list(best.values())
+    within = [c for c in finalists if scores[c] >= least]
+    chosen = max(within or finalists, key=lambda c: scores[c])
     words = f"{chosen[0]}, {chosen[1]} calibration"
-    if len(candidates) > 1:
+    if len(methods) > 1:
+        words += (
+            " ("
+            + ", ".join(f"{m} {spec['kind']} {scores[(chosen[0], m)]:.4f}" for m in methods)
+            + ")"
+        )
+    if len(finalists) > 1:
         engine = _engine(target)
         try:
-            sessions = [load(models[c], backends=engine) for c in candidates]
+            sessions = [load(models[c], backends=engine) for c in finalists]
         except BackendUnavailableError as e:
-            words += f" (the most accurate: {engine} is not available here to time them: {e})"
+            words += (
+                f"; the most accurate placement: {engine} is not available here to time them ({e})"
+            )
         else:
             feed = dict(samples.held_back[0])
             runs: list[Callable[[], object]] = [
                 functools.partial(session.run, feed) for session in sessions
             ]
-            ms = {c: t * 1000 for c, t in zip(candidates, block_medians(runs, 1.0), strict=True)}
+            ms = {c: t * 1000 for c, t in zip(finalists, block_medians(runs, 1.0), strict=True)}
             if within:
                 fastest = min(ms[c] for c in within)
                 close = [c for c in within if ms[c] <= fastest * 1.03]
                 chosen = max(close, key=lambda c: scores[c])
             words = f"{chosen[0]}, {chosen[1]} calibration, chosen on {engine}: " + "; ".join(
                 f"{p}/{m} {ms[(p, m)]:.3f} ms, {spec['kind']} {scores[(p, m)]:.4f}"
-                for p, m in candidates
+                for p, m in finalists
             )
     quantizer.placement, quantizer.method = chosen
     return models[chosen], scores[chosen], words
