@@ -9,10 +9,17 @@ registered in the ``ferry.backends`` entry-point group.
 Placement (:func:`place`, :func:`explain`) decides which backend runs which nodes, and
 :meth:`PlacementReport.cost` counts what the split costs per run; placement only decides:
 lowering and compiling belong to ``ferry.runtime``.
+
+For code beyond the backends that runs ONNX Runtime itself (the ORT Mobile export):
+:func:`ort_error_message` (what ONNX Runtime said, for a user), :func:`unknown_ops` (the ops it
+does not implement) and :data:`ORT_SILENT`, imported from the ``onnxruntime`` backend on first use.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from ferry._lazy import lazy_getattr
 from ferry.backends._api import Backend, CompiledPartition, CompileSpec
 from ferry.backends._base import COMMON_OPTIONS, BackendBase, check_options
 from ferry.backends._placement import (
@@ -54,6 +61,9 @@ from ferry.backends._rules import (
     supports,
 )
 
+if TYPE_CHECKING:
+    from ferry.backends._onnxruntime import ORT_SILENT, ort_error_message, unknown_ops
+
 __all__ = [
     "AUTO",
     "COMMON_OPTIONS",
@@ -65,6 +75,7 @@ __all__ = [
     "LARGE_BOUNDARY_BYTES",
     "LARGE_BOUNDARY_RATIO",
     "MANY_PARTITIONS",
+    "ORT_SILENT",
     "SHAPE_INPUTS",
     "UNCOUNTED_OPS",
     "Backend",
@@ -88,9 +99,16 @@ __all__ = [
     "is_constant",
     "known_backends",
     "node_opsets",
+    "ort_error_message",
     "output_used",
     "parse_backends",
     "place",
     "subgraphs_supported",
     "supports",
+    "unknown_ops",
 ]
+
+# The onnxruntime backend's module (and its op table) is loaded only when one of its names is used.
+__getattr__ = lazy_getattr(
+    __name__, [name for name in __all__ if name not in globals()], ["_onnxruntime"]
+)

@@ -16,7 +16,7 @@ import ctypes
 import functools
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,7 +36,14 @@ from ferry.errors import (
 )
 from ferry.graph import dtype_name
 
-__all__ = ["OnnxRuntimeBackend", "OnnxRuntimePartition", "select_providers"]
+__all__ = [
+    "ORT_SILENT",
+    "OnnxRuntimeBackend",
+    "OnnxRuntimePartition",
+    "ort_error_message",
+    "select_providers",
+    "unknown_ops",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +56,9 @@ _ORT_DOMAINS = {
 }
 
 _CPU = "CPUExecutionProvider"
+#: ORT's log severity that prints nothing but fatal errors (0 verbose .. 4 fatal): ORT logs to
+#: stderr past the caller's logging, and every error also comes back as an exception.
+ORT_SILENT = 4
 
 #: ORT's type strings of the element types numpy lacks -> (ONNX type, ml_dtypes dtype, bits).
 #: ORT packs the 4- and 2-bit ones (low bits first); ml_dtypes keeps one element per byte.
@@ -279,7 +289,7 @@ def session_options(options: dict[str, Any] | Any) -> Any:
         so.inter_op_num_threads = 1
     # ORT prints its warnings and errors (ANSI-coloured) straight to stderr, past the caller's
     # logging; every error also comes back as the exception ferry reports, so print nothing.
-    so.log_severity_level = _SILENT
+    so.log_severity_level = ORT_SILENT
     return so
 
 
@@ -328,7 +338,9 @@ class OnnxRuntimePartition:
                 return self._run_bytes(inputs, list(names))
             results = self._run(names, inputs, None)
         except Exception as e:
-            raise ExecutionError(f"onnxruntime failed to run the model: {_first_line(e)}") from e
+            raise ExecutionError(
+                f"onnxruntime failed to run the model: {ort_error_message(e)}"
+            ) from e
         return dict(zip(names, results))
 
     def _run_bytes(self, inputs: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
@@ -392,35 +404,43 @@ def _unpack(data: np.ndarray, bits: int) -> np.ndarray:
     return np.stack(lanes, axis=1).reshape(-1).astype(np.uint8)
 
 
-#: ORT's log severity that prints nothing but fatal errors (0 verbose .. 4 fatal).
-_SILENT = 4
+# "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : ": ORT's error code, which says nothing to a user.
+_ERROR_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
 # "/onnxruntime_src/.../reshape_helper.h:91 onnxruntime::ReshapeHelper::ReshapeHelper(...) x was
-# false. ": where in ORT's C++ a check failed, which says nothing to a user.
+# false. ": where in ORT's C++ a check failed, which says nothing to a user either.
 _SOURCE_LOCATION = re.compile(r"/onnxruntime_src/\S+:\d+ [^(]*\(.*?\)(?: [^.]*? was false\.)? ?")
 
 
-def _first_line(e: BaseException) -> str:
-    """What ORT said, without its error-code prefix and C++ source locations."""
-    text = str(e).strip()
-    # ORT prefixes messages with "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : ".
-    if "] : " in text:
-        text = text.split(" : ", 3)[-1]
-    text = _SOURCE_LOCATION.sub("", text)
+def ort_error_message(e: BaseException) -> str:
+    """What ONNX Runtime said in ``e``, for a user: its first line, without the error-code prefix
+    (``[ONNXRuntimeError] : 1 : FAIL : ``) and C++ source locations; the exception's type name
+    when it says nothing."""
+    text = _SOURCE_LOCATION.sub("", _ERROR_PREFIX.sub("", str(e).strip()))
     return text.splitlines()[0].strip() if text else type(e).__name__
 
 
-def _load_error(model: ir.Model, e: BaseException) -> Exception:
-    """Explain why ORT refused a model: unsupported ops (all of them), or what it said."""
-    unsupported: list[tuple[str, str]] = []
+def unknown_ops(model: ir.Model, domains: Collection[str] = _ORT_DOMAINS) -> list[tuple[str, str]]:
+    """The nodes whose ops ONNX Runtime does not implement, as ``(op, node name)``.
+
+    An op of the ONNX domains is unknown when ``onnx.defs`` lacks it; an op of another domain
+    (named ``domain::Op``) when the domain is neither in ``domains`` (what ONNX Runtime implements
+    beyond ONNX) nor one of the model's local functions. Unnamed nodes are ``"?"``.
+    """
+    unknown: list[tuple[str, str]] = []
+    local = {f.domain for f in model.functions.values()}
     for node in model.graph.all_nodes():
         domain = node.domain or ""
         if domain in ("", "ai.onnx", "ai.onnx.ml"):
             if not onnx.defs.has(node.op_type, domain):
-                unsupported.append((node.op_type, node.name or "?"))
-        elif domain not in _ORT_DOMAINS and domain not in {
-            f.domain for f in model.functions.values()
-        }:
-            unsupported.append((f"{domain}::{node.op_type}", node.name or "?"))
+                unknown.append((node.op_type, node.name or "?"))
+        elif domain not in domains and domain not in local:
+            unknown.append((f"{domain}::{node.op_type}", node.name or "?"))
+    return unknown
+
+
+def _load_error(model: ir.Model, e: BaseException) -> Exception:
+    """Explain why ORT refused a model: unsupported ops (all of them), or what it said."""
+    unsupported = unknown_ops(model)
     if unsupported:
         counts: dict[str, list[str]] = {}
         for op, name in unsupported:
@@ -433,4 +453,4 @@ def _load_error(model: ir.Model, e: BaseException) -> Exception:
             "Register the custom op library, or convert those ops to standard ONNX",
             ops=unsupported,
         )
-    return ModelLoadError(f"onnxruntime rejected the model: {_first_line(e)}")
+    return ModelLoadError(f"onnxruntime rejected the model: {ort_error_message(e)}")

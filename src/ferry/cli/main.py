@@ -83,6 +83,7 @@ def _register() -> None:
         "convert",
         "optimize",
         "quantize",
+        "export",
         "plan",
         "bench",
         "agent",
