@@ -38,6 +38,7 @@ DEFAULT_BACKENDS = (FALLBACK,)
 AUTO = "auto"
 
 _BUILTIN = {
+    "litert": "ferry.backends._litert:LiteRTBackend",
     "onnxruntime": "ferry.backends._onnxruntime:OnnxRuntimeBackend",
     "openvino": "ferry.backends._openvino:OpenVINOBackend",
     "tensorrt": "ferry.backends._tensorrt:TensorRTBackend",

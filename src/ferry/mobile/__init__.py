@@ -11,9 +11,9 @@ config of a minimal build).
 from __future__ import annotations
 
 from ferry.mobile._litert import Placement
-from ferry.mobile._lower import PRECISIONS, IOInfo, Lowered, lower_model, to_tflite_model
 from ferry.mobile._ort_mobile import OrtMobileExport, export_ort_mobile
 from ferry.mobile._tflite_export import TFLiteExport, TFLiteReport, Verification, export_tflite
+from ferry.mobile._tflite_lower import PRECISIONS, IOInfo, Lowered, lower_model, to_tflite_model
 
 __all__ = [
     "PRECISIONS",

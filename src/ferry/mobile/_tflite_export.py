@@ -23,7 +23,7 @@ import numpy as np
 from ferry.errors import ConversionError, InvalidInputError
 from ferry.graph import atomic_path, graph_inputs, load_model, model_source_path, shape_of
 from ferry.mobile._litert import KERNELS, LiteRT, Placement
-from ferry.mobile._lower import IOInfo, Lowered, ModelSource, lower_model
+from ferry.mobile._tflite_lower import IOInfo, Lowered, ModelSource, lower_model
 from ferry.parity import BudgetVerdict, ParityReport, compare_outputs, within_budget
 
 __all__ = ["TFLiteExport", "TFLiteReport", "Verification", "export_tflite"]

@@ -17,8 +17,8 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
-from ferry.mobile._context import Lowering, Unsupported, attr
-from ferry.mobile._layout import (
+from ferry.formats._tflite_lowering._context import Lowering, Unsupported, attr
+from ferry.formats._tflite_lowering._layout import (
     after_reduce,
     after_transpose,
     axis_of,
@@ -26,7 +26,7 @@ from ferry.mobile._layout import (
     permute,
     reshape_perm,
 )
-from ferry.mobile._ops_elementwise import shared_perm
+from ferry.formats._tflite_lowering._ops_elementwise import shared_perm
 
 __all__ = ["OPS", "reshape_to"]
 

@@ -1,17 +1,18 @@
-"""ONNX -> TFLite lowering: an ``onnx_ir.Model`` becomes a :class:`~ferry.formats.TFLiteModel`.
+"""ONNX -> TFLite lowering of a prepared model: it becomes a :class:`~ferry.formats.TFLiteModel`.
 
 Before -> After::
 
-    model.onnx (NCHW, symbolic batch, BatchNorms, shape arithmetic)
-        -> prepared copy (names, types; batch fixed; BatchNorm folded; shapes static)
+    prepared model (names, types; input sizes fixed; every value's shape static; NCHW)
         -> one TFLite subgraph of builtin ops, NHWC inside, ONNX's layout at the edges
 
-The model is prepared the way every ferry verb prepares one (:func:`ferry.graph.prepare`, then
-the optimizer's basic pipeline at fixed input sizes), then walked in order: each node is folded
-when its inputs are constants, else handed to its op's translator (``_ops_*``), which writes
-TFLite operators in the layouts its op needs (:mod:`._layout`). Every node that cannot be lowered
-is collected, with the reason, and reported at once. Peephole passes (:mod:`._fuse`) fuse
-activations and biases, and the int8 and fp16 exports rewrite the weights.
+:func:`static_inputs` decides the sizes (a symbolic batch becomes 1), :func:`prepare_static`
+makes the prepared copy (``ferry.mobile`` adds the optimizer's basic pipeline first), and
+:func:`lower_prepared` walks it in order: each node is folded when its inputs are constants,
+else handed to its op's translator (``_ops_*``), which writes TFLite operators in the layouts
+its op needs (:mod:`._layout`). Every node that cannot be lowered is collected, with the
+reason, and reported at once (:func:`node_problems` gives them node by node). Peephole passes
+(:mod:`._fuse`) fuse activations and biases, and the int8 and fp16 precisions rewrite the
+weights.
 """
 
 from __future__ import annotations
@@ -19,36 +20,54 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
 from ferry._version import __version__
 from ferry.errors import InvalidInputError, UnsupportedOpError
 from ferry.formats import TFLITE_TYPE_NAMES, TFLiteModel, TFLiteTensor
-from ferry.graph import graph_inputs, infer_value_types, load_model, prepare, shape_of
-from ferry.mobile._context import Held, Lowering, Options, Unsupported
-from ferry.mobile._fold import evaluate
-from ferry.mobile._fuse import (
+from ferry.formats._tflite_lowering._context import Held, Lowering, Options, Unsupported
+from ferry.formats._tflite_lowering._fold import evaluate
+from ferry.formats._tflite_lowering._fuse import (
     cleanup,
     fuse_activations,
     fuse_bias,
     fuse_hard_swish,
     weights_to_fp16,
 )
-from ferry.mobile._int8 import QDQ_OPS, Int8Weights, finish_int8, fold_qdq, run_node
-from ferry.mobile._layout import Perm, channels_last, identity, permute
-from ferry.mobile._ops_conv import OPS as CONV_OPS
-from ferry.mobile._ops_elementwise import OPS as ELEMENTWISE_OPS
-from ferry.mobile._ops_math import OPS as MATH_OPS
-from ferry.mobile._ops_rnn import OPS as RNN_OPS
-from ferry.mobile._ops_shape import OPS as SHAPE_OPS
+from ferry.formats._tflite_lowering._int8 import (
+    QDQ_OPS,
+    Int8Weights,
+    finish_int8,
+    fold_qdq,
+    run_node,
+)
+from ferry.formats._tflite_lowering._layout import Perm, channels_last, identity, permute
+from ferry.formats._tflite_lowering._ops_conv import OPS as CONV_OPS
+from ferry.formats._tflite_lowering._ops_elementwise import OPS as ELEMENTWISE_OPS
+from ferry.formats._tflite_lowering._ops_math import OPS as MATH_OPS
+from ferry.formats._tflite_lowering._ops_rnn import OPS as RNN_OPS
+from ferry.formats._tflite_lowering._ops_shape import OPS as SHAPE_OPS
+from ferry.formats._tflite_lowering._static import fold_constants
+from ferry.graph import graph_inputs, infer_value_types, prepare, shape_of
 
-__all__ = ["PRECISIONS", "TRANSLATORS", "IOInfo", "Lowered", "lower_model", "to_tflite_model"]
+__all__ = [
+    "PRECISIONS",
+    "TRANSLATORS",
+    "IOInfo",
+    "Lowered",
+    "check_precision",
+    "fix_input_shapes",
+    "infer_shapes",
+    "is_qdq",
+    "lower_prepared",
+    "node_problems",
+    "prepare_static",
+    "static_inputs",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +82,9 @@ TRANSLATORS: dict[str, Callable[[Lowering, ir.Node], None]] = {
     **MATH_OPS,
     **RNN_OPS,
 }
+
+#: At most this many rounds of folding and inference in :func:`prepare_static`.
+_FOLD_ROUNDS = 8
 
 #: Ops lowered as ops even when their inputs are constant (their translators fold what they can).
 _NOT_FOLDED = {"QuantizeLinear", "DequantizeLinear"}
@@ -86,8 +108,6 @@ _NO_TFLITE_OP = {
     "NonMaxSuppression": _DATA_SIZED,
     "Unique": _DATA_SIZED,
 }
-
-ModelSource = str | os.PathLike[str] | ir.Model | onnx.ModelProto
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,53 +155,20 @@ class Lowered:
     notes: list[str] = dataclasses.field(default_factory=list)
 
 
-def to_tflite_model(
-    model: ModelSource,
-    *,
-    shapes: Mapping[str, Sequence[int]] | None = None,
-    precision: str = "fp32",
-    nhwc_io: bool = False,
-) -> TFLiteModel:
-    """Lower an ONNX model to TFLite (plain data; :func:`ferry.formats.write_tflite` writes it).
-
-    See :func:`lower_model`; this returns its model only.
-    """
-    return lower_model(model, shapes=shapes, precision=precision, nhwc_io=nhwc_io).model
-
-
-def lower_model(
-    model: ModelSource,
-    *,
-    shapes: Mapping[str, Sequence[int]] | None = None,
-    precision: str = "fp32",
-    nhwc_io: bool = False,
-) -> Lowered:
-    """Lower an ONNX model to TFLite.
-
-    Args:
-        model: a path, an ``onnx_ir.Model`` or an ``onnx.ModelProto``; never modified.
-        shapes: input sizes to export at (``{"x": (1, 3, 224, 224)}``); inputs not named keep
-            their static sizes, a symbolic first dim (the batch) becomes 1.
-        precision: ``fp32``; ``fp16`` (weights stored as float16, dequantized at load);
-            ``int8`` (a QDQ model made by ``ferry quantize --target tflite``: integer kernels).
-        nhwc_io: the 4-D inputs and outputs the model has in NCHW are NHWC in the file
-            (channels last, as cameras give images): the transposes at the edges disappear.
-            Those already channels-last (a TensorFlow model's) stay as they are.
+def check_precision(model: ir.Model, precision: str) -> None:
+    """Refuse a precision the model cannot be lowered in.
 
     Raises:
-        InvalidInputError: an unknown precision, a size that does not fit an input, an input
-            with a dynamic dim other than the batch (pass its size in ``shapes``), a float model
-            for ``int8``.
-        UnsupportedOpError: nodes TFLite cannot run, every one named with the reason.
+        InvalidInputError: an unknown precision, ``int8`` for a float model, or a quantized
+            (QDQ) model at another precision.
     """
     if precision not in PRECISIONS:
         raise InvalidInputError(
             f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}"
         )
-    source = load_model(model)
     # Activations quantized (a QuantizeLinear): integer kernels. DequantizeLinear alone (weights
     # stored as integers) folds to float weights at any precision.
-    qdq = any(n.op_type == "QuantizeLinear" for n in source.graph)
+    qdq = is_qdq(model)
     if precision == "int8" and not qdq:
         raise InvalidInputError(
             "precision int8 takes a quantized (QDQ) model and this one is float; quantize it "
@@ -192,8 +179,38 @@ def lower_model(
             "this model's activations are quantized (QuantizeLinear nodes): export it with "
             "precision int8, or export the float model it was made from"
         )
-    fixed, batch = _static_inputs(source, shapes or {})
-    work = _prepared(source, fixed, precision)
+
+
+def is_qdq(model: ir.Model) -> bool:
+    """Whether the model's activations are quantized (it has QuantizeLinear nodes)."""
+    return any(n.op_type == "QuantizeLinear" for n in model.graph)
+
+
+def lower_prepared(
+    work: ir.Model,
+    *,
+    precision: str = "fp32",
+    nhwc_io: bool = False,
+    fixed: Mapping[str, tuple[int, ...]] | None = None,
+    batch: Sequence[str] = (),
+) -> Lowered:
+    """Lower a prepared model (static shapes on every value, see :func:`prepare_static`).
+
+    Before -> After::
+
+        prepared ONNX model (NCHW, static shapes) -> Lowered (one TFLite subgraph, NHWC inside)
+
+    Args:
+        work: the prepared model; read, not changed.
+        precision: ``fp32``, ``fp16`` (weights stored as float16) or ``int8`` (a QDQ model).
+        nhwc_io: 4-D inputs and outputs in NHWC instead of ONNX's layout.
+        fixed: the input sizes the preparation fixed (recorded in the result).
+        batch: the inputs whose symbolic batch was set to 1 (recorded in the result).
+
+    Raises:
+        InvalidInputError: a quantized model that TFLite's int8 kernels cannot run.
+        UnsupportedOpError: nodes TFLite cannot run, every one named with the reason.
+    """
     channels_last: frozenset[str] = frozenset()
     done = None
     if nhwc_io:
@@ -217,13 +234,77 @@ def lower_model(
         model=done.model,
         inputs=[_io(sg.tensors[i], info) for i, info in zip(sg.inputs, done.inputs)],
         outputs=[_io(sg.tensors[o], info) for o, info in zip(sg.outputs, done.outputs)],
-        fixed_shapes=fixed,
-        batch_fixed=batch,
+        fixed_shapes=dict(fixed or {}),
+        batch_fixed=list(batch),
         onnx_ops=dict(Counter(n.op_type for n in work.graph)),
         fused_activations=done.fused,
         fp16_weights=done.halves,
         notes=cx.notes + done.notes,
     )
+
+
+def node_problems(work: ir.Model, precision: str = "fp32") -> dict[str, str]:
+    """Why each node of a prepared model that cannot be lowered cannot be: the lowering's
+    coverage, node by node, without stopping at the first problem.
+
+    Before -> After::
+
+        prepared model (static shapes) -> {"nms": "NonMaxSuppression: its output's size ...",
+                                           "after_nms": "reads 'nms_out', ...: ..."}
+
+    Nodes that fail only because they read the result of a node that cannot be lowered (whose
+    size is then unknown) are named too, with that reason: they could not be lowered in a
+    partition of their own either. Nodes not named can be.
+    """
+    cx = Lowering(work, Options(precision=precision))
+    if precision == "int8":
+        try:
+            fold_qdq(cx)
+        except Unsupported as e:
+            why = f"the quantized model cannot run TFLite's int8 kernels: {e}"
+            return {node.name or node.op_type: why for node in work.graph}
+        cx.weights = Int8Weights()
+    _declare_inputs(cx)
+    return {
+        name: why if why.startswith(op) else f"{op}: {why}"
+        for name, op, why in _lower_nodes(cx, knock_on=True)
+    }
+
+
+def prepare_static(model: ir.Model, fixed: Mapping[str, tuple[int, ...]]) -> ir.Model:
+    """The named, typed copy at the given input sizes, every value's shape inferred: what
+    :func:`lower_prepared` takes, without the optimizer (which ``ferry.mobile`` adds); what is
+    computed from constants and static sizes alone is folded (``_static.fold_constants``).
+
+    Before -> After::
+
+        model (input x: [N, 3, 224, 224]) -> copy (x: [1, 3, 224, 224], every value static)
+    """
+    work = prepare(model)
+    fix_input_shapes(work, fixed)
+    infer_shapes(work)
+    # Shape arithmetic (Shape -> Gather -> Div -> Concat -> Pad) hides sizes from inference:
+    # folded, inference sees through it; repeated while a pass folds something.
+    for _ in range(_FOLD_ROUNDS):
+        if not fold_constants(work):
+            break
+        infer_shapes(work)
+    work.graph.sort()
+    return work
+
+
+def fix_input_shapes(work: ir.Model, fixed: Mapping[str, Sequence[int]]) -> None:
+    """Give the named inputs these sizes (checked by :func:`static_inputs`) and clear the
+    shapes inferred inside, which were computed from the symbolic ones."""
+    if not fixed:
+        return
+    for value in work.graph.inputs:
+        if (value.name or "") in fixed:
+            value.shape = ir.Shape([int(d) for d in fixed[value.name or ""]])
+    for node in work.graph:
+        for out in node.outputs:
+            if not out.is_graph_output():
+                out.shape = None
 
 
 class _Pass:
@@ -293,7 +374,7 @@ class _Pass:
 # ------------------------------------------------------------------------------- preparation
 
 
-def _static_inputs(
+def static_inputs(
     model: ir.Model, shapes: Mapping[str, Sequence[int]]
 ) -> tuple[dict[str, tuple[int, ...]], list[str]]:
     """Every input's size at export: given, declared, or a symbolic batch set to 1.
@@ -364,22 +445,7 @@ def _static_inputs(
     return fixed, batch
 
 
-def _prepared(model: ir.Model, fixed: Mapping[str, tuple[int, ...]], precision: str) -> ir.Model:
-    """The named, typed, optimized copy at static sizes; every value's shape inferred."""
-    from ferry.optimizer import FixInputShapesPass, pipeline, rule_context
-
-    work = prepare(model)
-    if fixed:
-        FixInputShapesPass(fixed)(work)
-    if precision != "int8":
-        # The QDQ model keeps its structure: folding would merge weights into float constants.
-        pipeline(rule_context(work, "basic", None, fix_shapes=True))(work)
-    _infer_shapes(work)
-    work.graph.sort()
-    return work
-
-
-def _infer_shapes(work: ir.Model) -> None:
+def infer_shapes(work: ir.Model) -> None:
     """Give every value the static shape ONNX's inference finds where its own is not static
     (declared output shapes may be symbolic, or wrong: the inferred ones win when static)."""
     for value in work.graph.outputs:
@@ -416,8 +482,12 @@ def _declare_inputs(cx: Lowering) -> list[Held]:
     return held
 
 
-def _lower_nodes(cx: Lowering) -> list[tuple[str, str, str]]:
-    """Lower every node; ``(node name, op, reason)`` of those that cannot be."""
+def _lower_nodes(cx: Lowering, *, knock_on: bool = False) -> list[tuple[str, str, str]]:
+    """Lower every node; ``(node name, op, reason)`` of those that cannot be.
+
+    A node that fails only because it reads what a node that cannot be lowered makes is left
+    out (the export reports causes), unless ``knock_on`` (a per-node check wants every node).
+    """
     opset = cx.model.opset_imports.get("", cx.model.opset_imports.get("ai.onnx", 13))
     problems: list[tuple[str, str, str]] = []
     poisoned: set[ir.Value] = set()
@@ -456,8 +526,15 @@ def _lower_nodes(cx: Lowering) -> list[tuple[str, str, str]]:
                 translator(cx, node)
         except Unsupported as e:
             # A node reading a value no stand-in could be made for fails for that reason alone.
-            if not any(v in poisoned and not cx.is_held(v) for v in node.inputs if v is not None):
+            cause = next(
+                (v for v in node.inputs if v is not None and v in poisoned and not cx.is_held(v)),
+                None,
+            )
+            if cause is None:
                 problems.append((name, node.op_type, str(e)))
+            elif knock_on:
+                why = f"reads {cause.name!r}, made by a node TFLite cannot run ({e})"
+                problems.append((name, node.op_type, why))
             _placeholders(cx, node, poisoned)
     return problems
 
@@ -485,8 +562,6 @@ def _unsupported_message(problems: list[tuple[str, str, str]]) -> str:
     return (
         f"{len(problems)} node(s) cannot be lowered to TFLite builtin ops ({', '.join(ops)}):\n"
         + "\n".join(lines)
-        + "\nThe model cannot be exported to .tflite as it is; ONNX Runtime Mobile runs every "
-        "ONNX op: ferry export MODEL --target ort-mobile -o DIR"
     )
 
 

@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from ferry.mobile._context import Lowering, Unsupported, attr
-from ferry.mobile._layout import axis_of
+from ferry.formats._tflite_lowering._context import Lowering, Unsupported, attr
+from ferry.formats._tflite_lowering._layout import axis_of
 
 __all__ = ["OPS"]
 

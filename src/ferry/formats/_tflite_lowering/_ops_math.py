@@ -18,9 +18,9 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
-from ferry.mobile._builder import INT32, INT64
-from ferry.mobile._context import Lowering, Unsupported, attr
-from ferry.mobile._layout import after_reduce, axis_of, identity, permute
+from ferry.formats._tflite_lowering._builder import INT32, INT64
+from ferry.formats._tflite_lowering._context import Lowering, Unsupported, attr
+from ferry.formats._tflite_lowering._layout import after_reduce, axis_of, identity, permute
 
 __all__ = ["OPS"]
 

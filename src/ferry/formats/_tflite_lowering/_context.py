@@ -17,8 +17,8 @@ import numpy as np
 import onnx_ir as ir
 
 from ferry.formats import TFLITE_DTYPES, TFLiteQuant
-from ferry.mobile._builder import INT32, Builder, tflite_type
-from ferry.mobile._layout import (
+from ferry.formats._tflite_lowering._builder import INT32, Builder, tflite_type
+from ferry.formats._tflite_lowering._layout import (
     Perm,
     identity,
     memory_order_kept,

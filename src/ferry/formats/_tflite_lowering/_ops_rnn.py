@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import onnx_ir as ir
 
-from ferry.mobile._builder import FLOAT32
-from ferry.mobile._context import Lowering, Unsupported, attr
+from ferry.formats._tflite_lowering._builder import FLOAT32
+from ferry.formats._tflite_lowering._context import Lowering, Unsupported, attr
 
 __all__ = ["MAX_STEPS", "OPS"]
 

@@ -25,8 +25,8 @@ import numpy as np
 import onnx_ir as ir
 
 from ferry.formats import TFLiteOperator, TFLiteQuant
-from ferry.mobile._builder import FLOAT32, INT8, INT32, Builder
-from ferry.mobile._context import ConstQuant, Held, Lowering, Unsupported, attr
+from ferry.formats._tflite_lowering._builder import FLOAT32, INT8, INT32, Builder
+from ferry.formats._tflite_lowering._context import ConstQuant, Held, Lowering, Unsupported, attr
 
 __all__ = ["INT8_OPS", "Int8Weights", "finish_int8", "fold_qdq", "run_node"]
 

@@ -1,0 +1,41 @@
+"""ferry's ONNX -> TFLite lowering (private): translators, layouts, folding, fusion, int8.
+
+The core only: a prepared model (static shapes) becomes a :class:`~ferry.formats.TFLiteModel`
+that :func:`~ferry.formats.write_tflite` writes. ``ferry.mobile`` prepares models with the
+optimizer first and verifies its exports; the ``litert`` backend lowers partitions with it.
+"""
+
+from __future__ import annotations
+
+from ferry.formats._tflite_lowering._layout import Perm, inverse
+from ferry.formats._tflite_lowering._lower import (
+    PRECISIONS,
+    TRANSLATORS,
+    IOInfo,
+    Lowered,
+    check_precision,
+    fix_input_shapes,
+    infer_shapes,
+    is_qdq,
+    lower_prepared,
+    node_problems,
+    prepare_static,
+    static_inputs,
+)
+
+__all__ = [
+    "PRECISIONS",
+    "TRANSLATORS",
+    "IOInfo",
+    "Lowered",
+    "Perm",
+    "check_precision",
+    "fix_input_shapes",
+    "infer_shapes",
+    "inverse",
+    "is_qdq",
+    "lower_prepared",
+    "node_problems",
+    "prepare_static",
+    "static_inputs",
+]

@@ -1,0 +1,117 @@
+"""ONNX -> TFLite lowering for export: the model prepared with the optimizer, then lowered.
+
+Before -> After::
+
+    model.onnx (NCHW, symbolic batch, BatchNorms, shape arithmetic)
+        -> prepared copy (names, types; batch fixed; BatchNorm folded; shapes static)
+        -> one TFLite subgraph of builtin ops, NHWC inside, ONNX's layout at the edges
+
+The model is prepared the way every ferry verb prepares one (:func:`ferry.graph.prepare`, then
+the optimizer's basic pipeline at fixed input sizes), then lowered by the core in
+:mod:`ferry.formats._tflite_lowering`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+import onnx
+import onnx_ir as ir
+
+from ferry.errors import UnsupportedOpError
+from ferry.formats import TFLiteModel
+from ferry.formats._tflite_lowering import (
+    PRECISIONS,
+    TRANSLATORS,
+    IOInfo,
+    Lowered,
+    check_precision,
+    infer_shapes,
+    lower_prepared,
+    static_inputs,
+)
+from ferry.graph import load_model, prepare
+
+__all__ = [
+    "PRECISIONS",
+    "TRANSLATORS",
+    "IOInfo",
+    "Lowered",
+    "ModelSource",
+    "lower_model",
+    "to_tflite_model",
+]
+
+ModelSource = str | os.PathLike[str] | ir.Model | onnx.ModelProto
+
+_ORT_MOBILE_HINT = (
+    "The model cannot be exported to .tflite as it is; ONNX Runtime Mobile runs every "
+    "ONNX op: ferry export MODEL --target ort-mobile -o DIR"
+)
+
+
+def to_tflite_model(
+    model: ModelSource,
+    *,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    precision: str = "fp32",
+    nhwc_io: bool = False,
+) -> TFLiteModel:
+    """Lower an ONNX model to TFLite (plain data; :func:`ferry.formats.write_tflite` writes it).
+
+    See :func:`lower_model`; this returns its model only.
+    """
+    return lower_model(model, shapes=shapes, precision=precision, nhwc_io=nhwc_io).model
+
+
+def lower_model(
+    model: ModelSource,
+    *,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    precision: str = "fp32",
+    nhwc_io: bool = False,
+) -> Lowered:
+    """Lower an ONNX model to TFLite.
+
+    Args:
+        model: a path, an ``onnx_ir.Model`` or an ``onnx.ModelProto``; never modified.
+        shapes: input sizes to export at (``{"x": (1, 3, 224, 224)}``); inputs not named keep
+            their static sizes, a symbolic first dim (the batch) becomes 1.
+        precision: ``fp32``; ``fp16`` (weights stored as float16, dequantized at load);
+            ``int8`` (a QDQ model made by ``ferry quantize --target tflite``: integer kernels).
+        nhwc_io: the 4-D inputs and outputs the model has in NCHW are NHWC in the file
+            (channels last, as cameras give images): the transposes at the edges disappear.
+            Those already channels-last (a TensorFlow model's) stay as they are.
+
+    Raises:
+        InvalidInputError: an unknown precision, a size that does not fit an input, an input
+            with a dynamic dim other than the batch (pass its size in ``shapes``), a float model
+            for ``int8``.
+        UnsupportedOpError: nodes TFLite cannot run, every one named with the reason.
+    """
+    source = load_model(model)
+    check_precision(source, precision)
+    fixed, batch = static_inputs(source, shapes or {})
+    work = _prepared(source, fixed, precision)
+    try:
+        return lower_prepared(work, precision=precision, nhwc_io=nhwc_io, fixed=fixed, batch=batch)
+    except UnsupportedOpError as e:
+        if not e.ops:
+            raise
+        raise UnsupportedOpError(f"{e}\n{_ORT_MOBILE_HINT}", e.ops) from e
+
+
+def _prepared(model: ir.Model, fixed: Mapping[str, tuple[int, ...]], precision: str) -> ir.Model:
+    """The named, typed, optimized copy at static sizes; every value's shape inferred."""
+    from ferry.optimizer import FixInputShapesPass, pipeline, rule_context
+
+    work = prepare(model)
+    if fixed:
+        FixInputShapesPass(fixed)(work)
+    if precision != "int8":
+        # The QDQ model keeps its structure: folding would merge weights into float constants.
+        pipeline(rule_context(work, "basic", None, fix_shapes=True))(work)
+    infer_shapes(work)
+    work.graph.sort()
+    return work
