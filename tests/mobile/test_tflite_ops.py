@@ -13,6 +13,8 @@ import pytest
 from onnx import TensorProto, helper
 from tflite_graphs import body_transposes, export, model, opcodes, weights
 
+from ferry.errors import UnsupportedOpError
+
 pytest.importorskip("ai_edge_litert", reason="LiteRT verifies the exports")
 
 N = helper.make_node
@@ -741,6 +743,66 @@ CASES: dict[str, tuple[Callable[[], Any], dict[str, np.ndarray] | None, set[str]
         {"FULLY_CONNECTED", "LOGISTIC", "TANH", "PACK"},
         {"UNIDIRECTIONAL_SEQUENCE_LSTM"},
     ),
+    # PyTorch's PixelShuffle exports DepthToSpace in CRD order; TFLite's kernel is DCR.
+    "pixel_shuffle_crd": (
+        lambda: model(
+            [
+                N("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                N("DepthToSpace", ["c"], ["y"], blocksize=2, mode="CRD"),
+            ],
+            X4,
+            ["y"],
+            {"w": weights(8, 4, 3, 3)},
+        ),
+        None,
+        {"DEPTH_TO_SPACE", "GATHER"},
+        {"TRANSPOSE"},
+    ),
+    "space_to_depth_crd": (
+        lambda: model(
+            [N("SpaceToDepth", ["x"], ["y"], blocksize=2, mode="CRD")],
+            X4,
+            ["y"],
+            opset=28,
+        ),
+        None,
+        {"SPACE_TO_DEPTH", "GATHER"},
+        set(),
+    ),
+    # Indices computed at run time may be negative (counted from the end): TFLite's GATHER
+    # refuses those, so they are wrapped first.
+    "gather_runtime_negative_indices": (
+        lambda: model(
+            [N("Gather", ["x", "i"], ["y"], axis=1)],
+            {"x": [2, 5, 3], "i": [4]},
+            ["y"],
+            input_types={"i": TensorProto.INT64},
+        ),
+        {
+            "x": np.random.default_rng(2).standard_normal((2, 5, 3)).astype(np.float32),
+            "i": np.array([-1, 0, -5, 4], dtype=np.int64),
+        },
+        {"GATHER", "FLOOR_MOD"},
+        set(),
+    ),
+    # Softplus far below zero: log(1 + u) keeps few of u's digits, the series keeps them all.
+    "softplus_very_negative": (
+        _unary("Softplus"),
+        {"x": np.linspace(-30.0, 5.0, 480, dtype=np.float32).reshape(1, 4, 10, 12)},
+        {"EXP", "LOG", "SELECT_V2"},
+        set(),
+    ),
+    "pow_float_to_int_power": (
+        lambda: model(
+            [N("Pow", ["x", "k"], ["y"])],
+            X4,
+            ["y"],
+            {"k": np.array([2, 3, 1, 0], dtype=np.int64).reshape(1, 4, 1, 1)},
+        ),
+        _positive((1, 4, 10, 12)),
+        {"POW"},
+        set(),
+    ),
     "gru_initial_state": (
         lambda: model(
             [
@@ -786,3 +848,17 @@ def test_op_matches_onnx_runtime_in_litert(case: str, tmp_path: Path) -> None:
     kernels = [v.placement.kernels for v in result.report.verification]
     assert kernels == ["xnnpack", "reference"]
     assert all(v.passed for v in result.report.verification)
+
+
+@pytest.mark.parametrize("op", ["Add", "Mul", "Greater"])
+def test_plain_int8_arithmetic_is_refused_not_run(op: str, tmp_path: Path) -> None:
+    # TFLite's int8 kernels rescale by each tensor's quantization parameters and abort the
+    # process without them: wrapping 8-bit integer math must be refused, by name.
+    proto = model(
+        [N(op, ["a", "b"], ["y"], name="the_op")],
+        {"a": [3, 4], "b": [3, 4]},
+        ["y"],
+        input_types={"a": TensorProto.INT8, "b": TensorProto.INT8},
+    )
+    with pytest.raises(UnsupportedOpError, match=r"the_op \(" + op + r"\).*int8 arithmetic"):
+        export(proto, tmp_path)

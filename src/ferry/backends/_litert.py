@@ -346,7 +346,7 @@ class _Engine:
                 index, dtype, _ = self._inputs[name]
                 # The lowering may hold an integer input in another width than ONNX's (int32
                 # indices for int64 ones): values are converted, not reinterpreted.
-                interpreter.set_tensor(index, np.ascontiguousarray(array, dtype=dtype))
+                interpreter.set_tensor(index, np.asarray(array, dtype=dtype, order="C"))
             try:
                 interpreter.invoke()
             except (RuntimeError, ValueError) as e:

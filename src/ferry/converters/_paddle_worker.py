@@ -329,7 +329,7 @@ def run(paddle, report):
                 if name not in feeds.files:
                     report.update(error="run", message="no value for input %r" % name)
                     return 6
-                value = np.ascontiguousarray(feeds[name])
+                value = np.asarray(feeds[name], order="C")
                 handle = predictor.get_input_handle(name)
                 handle.reshape(list(value.shape))
                 handle.copy_from_cpu(value)

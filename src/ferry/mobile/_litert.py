@@ -97,7 +97,7 @@ class LiteRT:
             index, dtype, shape = self._in_index[name]
             if name not in feeds:
                 raise InvalidInputError(f"no sample for input {name!r}")
-            array = np.ascontiguousarray(np.asarray(feeds[name]).transpose(perm))
+            array = np.asarray(np.asarray(feeds[name]).transpose(perm), order="C")
             if tuple(array.shape) != shape:
                 raise InvalidInputError(
                     f"sample {name!r} has shape {list(np.shape(feeds[name]))}; the export takes "

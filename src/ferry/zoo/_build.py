@@ -170,4 +170,4 @@ def example_inputs(name: str, batch: int = 1, *, seed: int = 0) -> dict[str, np.
         data = x_train[idx].reshape(batch, *spec.input_shape)
     else:
         data = rng.standard_normal((batch, *spec.input_shape))
-    return {spec.input_name: np.ascontiguousarray(data, dtype=spec.input_dtype)}
+    return {spec.input_name: np.asarray(data, dtype=spec.input_dtype, order="C")}

@@ -346,7 +346,7 @@ class Builder:
                 # Translators only reshape per-channel weights keeping the channel axis.
                 raise ConversionError(f"cannot reshape per-channel quantized constant {t.name!r}")
             data = data.reshape(shape)
-        return self._constant_value(t, np.ascontiguousarray(data), axis, "/transformed")
+        return self._constant_value(t, np.asarray(data, order="C"), axis, "/transformed")
 
     def _constant_value(
         self, t: TFLiteTensor, data: np.ndarray, axis: int, suffix: str
@@ -411,7 +411,7 @@ class Builder:
         )
         if default is not None:
             value.const_value = ir.Tensor(
-                np.ascontiguousarray(default, dtype=_numpy_type(t)), name=value.name
+                np.asarray(default, dtype=_numpy_type(t), order="C"), name=value.name
             )
             self.initializers.append(value)
         self.inputs.append(value)
@@ -546,7 +546,7 @@ class Builder:
             value = self.real(index)  # broadcasts the same in any layout
         else:
             pad = 4 - t.data.ndim
-            data = np.ascontiguousarray(t.data.reshape((1,) * pad + t.data.shape).transpose(NCHW))
+            data = np.asarray(t.data.reshape((1,) * pad + t.data.shape).transpose(NCHW), order="C")
             axis = NCHW.index(t.quant.axis + pad) if t.quant is not None else 0
             value = self._constant_value(t, data, axis, "/nchw")
         return value if cast is None else self.op1("Cast", [value], {"to": cast})

@@ -242,7 +242,7 @@ def _invoke(
 ) -> dict[str, np.ndarray]:
     """Set ``inputs`` (tensor index, feed name), invoke, and read ``outputs`` by name."""
     details = {d["index"]: d for d in interpreter.get_input_details()}
-    arrays = [(details[index], np.ascontiguousarray(feeds[name])) for index, name in inputs]
+    arrays = [(details[index], np.asarray(feeds[name], order="C")) for index, name in inputs]
     current = [a.shape for _, a in arrays]
     if shapes is None or current != shapes["shapes"]:
         for detail, array in arrays:

@@ -91,7 +91,7 @@ class Builder:
     ) -> int:
         """A constant tensor holding ``array`` (the same values, type and quantization give the
         same tensor)."""
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array, order="C")
         code = tflite_type(array.dtype) if ttype is None else ttype
         if code is None:
             raise TypeError(f"TFLite has no tensor type for {array.dtype}")

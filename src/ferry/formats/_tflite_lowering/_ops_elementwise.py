@@ -50,9 +50,27 @@ def binary(opcode: str, *, fused: bool = False) -> Translator:
         rank = cx.rank(out)
         perm = shared_perm(cx, [a, b], rank)
         ins = [cx.get_broadcast(a, rank, perm), cx.get_broadcast(b, rank, perm)]
+        _no_plain_8bit(cx, ins)
         cx.emit(opcode, ins, [cx.output(out, perm)], FUSED if fused else None)
 
     return lower
+
+
+#: TFLite's tensor types for int8 and uint8.
+_EIGHT_BIT = {9: "int8", 3: "uint8"}
+
+
+def _no_plain_8bit(cx: Lowering, tensors: Sequence[int]) -> None:
+    """Refuse 8-bit integer operands without quantization parameters: TFLite's int8/uint8
+    arithmetic and comparison kernels are quantized kernels (they rescale by each tensor's scale
+    and abort without one), so ONNX's plain wrapping 8-bit integer math has no kernel."""
+    for index in tensors:
+        tensor = cx.b.tensors[index]
+        if tensor.type in _EIGHT_BIT and tensor.quant is None:
+            raise Unsupported(
+                f"{_EIGHT_BIT[tensor.type]} arithmetic without quantization parameters (TFLite's "
+                "8-bit kernels are quantized ones)"
+            )
 
 
 def variadic(opcode: str) -> Translator:
@@ -64,6 +82,7 @@ def variadic(opcode: str) -> Translator:
         rank = cx.rank(out)
         perm = shared_perm(cx, values, rank)
         tensors = [cx.get_broadcast(v, rank, perm) for v in values]
+        _no_plain_8bit(cx, tensors)
         if len(tensors) == 1:
             cx.alias(out, tensors[0], perm)
             return
@@ -255,22 +274,38 @@ def _gelu(cx: Lowering, node: ir.Node) -> None:
 
 
 def _softplus(cx: Lowering, node: ir.Node) -> None:
-    # log(1 + exp(x)) = max(x, 0) + log(1 + exp(-|x|)): no overflow for large x.
+    # log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|)): no overflow for large x. TFLite has no
+    # LOG1P, and LOG(1 + u) loses u's digits once u is small (x = -10: 1 + 4.5e-5 keeps two of
+    # them), so below u = 1e-3 the series u - u^2/2 + u^3/3 (error under u^4/4) is taken.
     x = node.inputs[0]
     assert x is not None
     out = node.outputs[0]
     perm = cx.perm(x)
     t = cx.get(x)
-    names = iter(["/abs", "/neg", "/exp", "/1p", "/log", "/relu"])
+    counter = iter(range(100))
 
-    def step(opcode: str, ins: list[int], last: bool = False) -> int:
-        dest = cx.output(out, perm) if last else _like(cx, out, perm, next(names))
+    def step(opcode: str, ins: list[int], last: bool = False, ttype: int | None = None) -> int:
+        if last:
+            dest = cx.output(out, perm)
+        elif ttype is None:
+            dest = _like(cx, out, perm, f"/softplus{next(counter)}")
+        else:
+            shape = cx.shape(out)
+            dest = cx.temp(f"{out.name}/small", ttype, [shape[p] for p in perm])
         cx.emit(opcode, ins, [dest])
         return dest
 
-    e = step("EXP", [step("NEG", [step("ABS", [t])])])
-    log = step("LOG", [step("ADD", [e, _scalar(cx, 1.0, x)])])
-    step("ADD", [step("RELU", [t]), log], last=True)
+    def scalar(v: float) -> int:
+        return _scalar(cx, v, x)
+
+    u = step("EXP", [step("NEG", [step("ABS", [t])])])
+    log = step("LOG", [step("ADD", [u, scalar(1.0)])])
+    # Horner: u * (1 + u * (-1/2 + u / 3))
+    inner = step("ADD", [step("MUL", [u, scalar(1.0 / 3.0)]), scalar(-0.5)])
+    series = step("MUL", [u, step("ADD", [step("MUL", [u, inner]), scalar(1.0)])])
+    small = step("LESS", [u, scalar(1e-3)], ttype=6)  # BOOL
+    log1p = step("SELECT_V2", [small, series, log])
+    step("ADD", [step("RELU", [t]), log1p], last=True)
 
 
 def _reciprocal(cx: Lowering, node: ir.Node) -> None:
@@ -285,6 +320,11 @@ def _pow(cx: Lowering, node: ir.Node) -> None:
     x, y = node.inputs[0], node.inputs[1]
     if x is None or y is None:
         raise Unsupported("an input is missing")
+    if cx.dtype(x) != cx.dtype(y):
+        _pow_mixed(cx, node, x, y)
+        return
+    if cx.dtype(x) not in (np.float32, np.int32):
+        raise Unsupported(f"Pow on {cx.dtype(x)} (TFLite's POW computes float32 and int32)")
     exponent = cx.const(y)
     if exponent is not None and exponent.size == 1 and cx.dtype(x).kind == "f":
         e = float(exponent.reshape(()))
@@ -304,6 +344,39 @@ def _pow(cx: Lowering, node: ir.Node) -> None:
             _reciprocal(cx, node)
             return
     binary("POW")(cx, node)
+
+
+def _pow_mixed(cx: Lowering, node: ir.Node, x: ir.Value, y: ir.Value) -> None:
+    """ONNX lets the exponent's type differ from the base's (the result has the base's); TFLite's
+    POW takes one type. A float base takes an integer exponent cast to it (exact below 2**24)."""
+    if cx.dtype(x) != np.float32 or cx.dtype(y).kind not in "iu":
+        raise Unsupported(
+            f"Pow of {cx.dtype(x)} to a {cx.dtype(y)} power (TFLite's POW takes one type; only a "
+            "float32 base with an integer exponent is converted)"
+        )
+    out = node.outputs[0]
+    rank = cx.rank(out)
+    perm = shared_perm(cx, [x, y], rank)
+    held = cx.get_broadcast(y, rank, perm)
+    tensor = cx.b.tensors[held]
+    if cx.b.is_const(held) and tensor.data is not None:
+        exponent = cx.constant(tensor.data.astype(np.float32), "exponent")
+    else:
+        exponent = cx.temp(f"{out.name}/exponent", 0, tensor.shape)  # FLOAT32
+        cx.emit("CAST", [held], [exponent])
+    ins = [cx.get_broadcast(x, rank, perm), exponent]
+    cx.emit("POW", ins, [cx.output(out, perm)])
+
+
+def _dropout(cx: Lowering, node: ir.Node) -> None:
+    """Dropout at inference is the identity; its mask output and training mode are not."""
+    if len(node.outputs) > 1 and (node.outputs[1].uses() or node.outputs[1].is_graph_output()):
+        raise Unsupported("its mask output is used (inference computes no mask)")
+    if len(node.inputs) > 2 and node.inputs[2] is not None:
+        training = cx.const(node.inputs[2])
+        if training is None or bool(training.reshape(-1)[0]):
+            raise Unsupported("training_mode is set or computed at run time (inference only)")
+    _identity(cx, node)
 
 
 def _div(cx: Lowering, node: ir.Node) -> None:
@@ -628,7 +701,7 @@ OPS: dict[str, Translator] = {
     "Clip": _clip,
     "Erf": _erf,
     "Identity": _identity,
-    "Dropout": _identity,
+    "Dropout": _dropout,
     "Cast": _cast,
     "BatchNormalization": _batch_norm,
     "LayerNormalization": _layer_norm,

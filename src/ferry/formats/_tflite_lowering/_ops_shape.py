@@ -245,6 +245,15 @@ def _gather(cx: Lowering, node: ir.Node) -> None:
         if cx.dtype(indices).kind not in "iu":
             raise Unsupported("the indices are not integers")
         index_t = cx.get(indices, identity(cx.rank(indices)))
+        # ONNX counts negative indices from the end; TFLite's GATHER refuses them. FLOOR_MOD by
+        # the axis size maps [-n, n) onto [0, n) and leaves the rest out of range, as in ONNX.
+        index_tensor = cx.b.tensors[index_t]
+        # In the type the indices are held in (int64 ones may be held as int32).
+        kind = np.int64 if index_tensor.type == 4 else np.int32  # TFLite's INT64 is 4
+        axis_size = cx.constant(np.asarray(shape[axis], dtype=kind), "axis_size")
+        wrapped = cx.temp(f"{out.name}/indices", index_tensor.type, index_tensor.shape)
+        cx.emit("FLOOR_MOD", [index_t, axis_size], [wrapped])
+        index_t = wrapped
     index_rank = cx.rank(indices)
     # Many indices per position: gathered in ONNX's layout, where the index dims land as ONNX
     # puts them.
@@ -294,11 +303,33 @@ def _space_depth(opcode: str) -> Translator:
             raise Unsupported("only 4-D inputs")
         mode = attr(node, "mode", "DCR")
         mode = mode.decode() if isinstance(mode, bytes) else mode
-        if opcode == "DEPTH_TO_SPACE" and mode != "DCR":
-            raise Unsupported(f"mode={mode!r} (TFLite's DEPTH_TO_SPACE is DCR)")
+        if mode not in ("DCR", "CRD"):
+            raise Unsupported(f"mode={mode!r}")
         nhwc = (0, 2, 3, 1)
-        options = {"block_size": int(attr(node, "blocksize"))}
-        cx.emit(opcode, [cx.get(x, nhwc)], [cx.output(node.outputs[0], nhwc)], options)
+        block = int(attr(node, "blocksize"))
+        options = {"block_size": block}
+        out = node.outputs[0]
+        if mode == "DCR":
+            cx.emit(opcode, [cx.get(x, nhwc)], [cx.output(out, nhwc)], options)
+            return
+        # TFLite orders the deep side's channels DCR, (by * b + bx) * C + c; CRD (PyTorch's
+        # PixelShuffle) orders them c * b * b + (by * b + bx): the same values, the channels
+        # gathered into place on the deep side (after SPACE_TO_DEPTH, before DEPTH_TO_SPACE).
+        bb = block * block
+        if opcode == "SPACE_TO_DEPTH":
+            channels = cx.shape(x)[1]
+            order = np.arange(channels * bb).reshape(bb, channels).T.reshape(-1)
+            moved = cx.temp(f"{out.name}/dcr", cx.ttype(x), permute(cx.shape(out), nhwc))
+            cx.emit(opcode, [cx.get(x, nhwc)], [moved], options)
+            gathered = [moved, cx.constant(order.astype(np.int32), "crd_order")]
+            cx.emit("GATHER", gathered, [cx.output(out, nhwc)], {"axis": 3, "batch_dims": 0})
+            return
+        channels = cx.shape(out)[1]
+        order = np.arange(channels * bb).reshape(channels, bb).T.reshape(-1)
+        moved = cx.temp(f"{out.name}/dcr", cx.ttype(x), permute(cx.shape(x), nhwc))
+        gathered = [cx.get(x, nhwc), cx.constant(order.astype(np.int32), "crd_order")]
+        cx.emit("GATHER", gathered, [moved], {"axis": 3, "batch_dims": 0})
+        cx.emit(opcode, [moved], [cx.output(out, nhwc)], options)
 
     return lower
 
