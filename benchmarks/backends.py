@@ -22,6 +22,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+# Run as a script, this folder comes first on sys.path, and benchmarks/tflite.py would shadow the
+# tflite schema package that the litert backend's writer imports.
+if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
+    sys.path.pop(0)
+
 import ferry
 from ferry import zoo
 from ferry.backends import get_backend, known_backends
@@ -84,6 +89,34 @@ def raw_runner(backend: str, path: Path, threads: int | None) -> Callable[[dict[
             return [request.get_output_tensor(i).data.copy() for i in outputs]
 
         return run
+    if backend == "litert":
+        # LiteRT runs .tflite files, not ONNX: the raw side is the interpreter on the file
+        # ferry's lowering writes for this model (what a user would get from ferry export),
+        # with XNNPACK and the same thread count.
+        from ai_edge_litert import interpreter as litert
+
+        from ferry.backends._litert import _cores, lower_partition
+        from ferry.graph import graph_inputs, shape_of
+
+        model = load_model(path)
+        fixed = {
+            v.name or "": tuple(d if isinstance(d, int) else 1 for d in shape_of(v) or ())
+            for v in graph_inputs(model)
+        }
+        interp = litert.Interpreter(
+            model_content=lower_partition(model, fixed), num_threads=threads or _cores()
+        )
+        interp.allocate_tensors()
+        ins = {d["name"]: d["index"] for d in interp.get_input_details()}
+        outs = [d["index"] for d in interp.get_output_details()]
+
+        def run_litert(feeds: dict[str, Any]) -> object:
+            for name, value in feeds.items():
+                interp.set_tensor(ins[name], value)
+            interp.invoke()
+            return [interp.get_tensor(i) for i in outs]
+
+        return run_litert
     raise FerryError(f"no raw runner for {backend}")
 
 

@@ -193,11 +193,19 @@ class LiteRTPartition:
         self, inputs: dict[str, np.ndarray], outputs: Sequence[str] | None = None
     ) -> dict[str, np.ndarray]:
         names = self.output_names if outputs is None else outputs
-        missing = [n for n in self.input_names if n not in inputs]
-        if missing:
-            raise InvalidInputError(f"litert: missing input(s) {', '.join(map(repr, missing))}")
-        arrays = {n: np.asarray(inputs[n]) for n in self.input_names}
-        engine = self._engine_for({n: a.shape for n, a in arrays.items()})
+        try:
+            arrays = {n: inputs[n] for n in self.input_names}
+        except KeyError:
+            missing = [n for n in self.input_names if n not in inputs]
+            raise InvalidInputError(
+                f"litert: missing input(s) {', '.join(map(repr, missing))}"
+            ) from None
+        for name, array in arrays.items():
+            if not isinstance(array, np.ndarray):
+                arrays[name] = np.asarray(array)
+        # The hot path: the sizes' tuples are the key (no per-dim conversion per call).
+        key = tuple(a.shape for a in arrays.values())
+        engine = self._engines.get(key) or self._engine_for({n: a.shape for n, a in arrays.items()})
         return engine.run(arrays, names)
 
     def serialize(self) -> bytes:
@@ -304,7 +312,11 @@ class _Engine:
                 f"{sorted(by_name)} and outputs {sorted(outs)}"
             )
         self._inputs = {
-            n: (by_name[n]["index"], np.dtype(by_name[n]["dtype"]), by_name[n]["shape"])
+            n: (
+                by_name[n]["index"],
+                np.dtype(by_name[n]["dtype"]),
+                tuple(int(d) for d in by_name[n]["shape"]),
+            )
             for n in input_names
         }
         #: The input sizes it was built at.
@@ -324,44 +336,54 @@ class _Engine:
         return interpreter
 
     def run(self, arrays: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[str, np.ndarray]:
+        feeds = []
         for name, array in arrays.items():
-            _, dtype, shape = self._inputs[name]
-            if array.dtype.kind != dtype.kind and not (
-                array.dtype.kind in "iu" and dtype.kind in "iu"
-            ):
-                raise InvalidInputError(
-                    f"litert: input {name!r} has dtype {array.dtype}; the model takes {dtype}"
-                )
-            if tuple(array.shape) != tuple(shape):
-                raise InvalidInputError(
-                    f"litert: input {name!r} has shape {list(array.shape)}; the model takes "
-                    f"{[int(d) for d in shape]}"
-                )
+            index, dtype, shape = self._inputs[name]
+            if array.dtype != dtype or array.shape != shape or not array.flags.c_contiguous:
+                array = self._converted(name, array)
+            feeds.append((index, array))
         try:
             interpreter = self._free.pop()
         except IndexError:  # every interpreter is busy in another thread
             interpreter = self._new()
         try:
-            for name, array in arrays.items():
-                index, dtype, _ = self._inputs[name]
-                # The lowering may hold an integer input in another width than ONNX's (int32
-                # indices for int64 ones): values are converted, not reinterpreted.
-                interpreter.set_tensor(index, np.asarray(array, dtype=dtype, order="C"))
+            for index, array in feeds:
+                interpreter.set_tensor(index, array)
             try:
                 interpreter.invoke()
             except (RuntimeError, ValueError) as e:
                 raise ExecutionError(f"LiteRT failed to run the model: {_first_line(e)}") from e
             try:
-                return {
-                    n: np.array(interpreter.get_tensor(self._outputs[n]), dtype=self._dtypes.get(n))
-                    for n in names
-                }
+                # get_tensor hands back a copy the caller owns; converted only where the file
+                # holds an output in another width than ONNX's.
+                results = {n: interpreter.get_tensor(self._outputs[n]) for n in names}
             except KeyError as e:
                 raise ExecutionError(
                     f"litert: no output named {e.args[0]!r}; outputs are {sorted(self._outputs)}"
                 ) from None
         finally:
             self._free.append(interpreter)
+        for name, dtype in self._dtypes.items():
+            if name in results and results[name].dtype != dtype:
+                results[name] = results[name].astype(dtype)
+        return results
+
+    def _converted(self, name: str, array: np.ndarray) -> np.ndarray:
+        """``array`` as the interpreter takes input ``name``, or a clear error."""
+        _, dtype, shape = self._inputs[name]
+        if array.dtype.kind != dtype.kind and not (array.dtype.kind in "iu" and dtype.kind in "iu"):
+            raise InvalidInputError(
+                f"litert: input {name!r} has dtype {array.dtype}; the model takes {dtype}"
+            )
+        if array.shape != shape:
+            raise InvalidInputError(
+                f"litert: input {name!r} has shape {list(array.shape)}; the model takes "
+                f"{list(shape)}"
+            )
+        # The lowering may hold an integer input in another width than ONNX's (int32 indices
+        # for int64 ones): values are converted, not reinterpreted. order="C" keeps a scalar
+        # rank 0 (np.ascontiguousarray would make it [1]).
+        return np.asarray(array, dtype=dtype, order="C")
 
 
 # ---------------------------------------------------------------------------------------------
