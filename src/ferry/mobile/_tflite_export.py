@@ -23,7 +23,7 @@ import numpy as np
 from ferry.errors import ConversionError, InvalidInputError
 from ferry.graph import atomic_path, graph_inputs, load_model, model_source_path, shape_of
 from ferry.mobile._litert import KERNELS, LiteRT, Placement
-from ferry.mobile._tflite_lower import IOInfo, Lowered, ModelSource, lower_model
+from ferry.mobile._tflite_lower import IOInfo, Lowered, ModelSource, lower_model, optional_inputs
 from ferry.parity import BudgetVerdict, ParityReport, compare_outputs, within_budget
 
 __all__ = ["TFLiteExport", "TFLiteReport", "Verification", "export_tflite"]
@@ -181,7 +181,9 @@ def export_tflite(
         verify: run the export in LiteRT against ONNX Runtime on the source model; a failure
             writes nothing.
         samples: inputs to verify on, in ONNX's layout (one feed dict or several); their sizes
-            fix the model's dynamic dims unless ``shapes`` does. None: random inputs.
+            fix the model's dynamic dims unless ``shapes`` does. None: random inputs. An input
+            with a default in the model (a streaming model's ``state:*``, which the file takes
+            as an input) left out of a sample takes its default.
         shapes: input sizes to export at, e.g. ``{"x": (1, 3, 224, 224)}``.
 
     Raises:
@@ -198,7 +200,10 @@ def export_tflite(
         raise InvalidInputError(
             f"refusing to overwrite the input model {where}; choose another output"
         )
-    feeds_list = _samples(samples)
+    # Inputs with a default (a streaming model's state) are inputs of the file: a sample that
+    # leaves one out runs from the default, as ONNX Runtime would.
+    defaults = optional_inputs(source)
+    feeds_list = [{**defaults, **feeds} for feeds in _samples(samples)]
     given = dict(shapes or {})
     if feeds_list:
         for value in graph_inputs(source):
@@ -217,7 +222,7 @@ def export_tflite(
     report = _report(lowered, data, str(where or "the model"), str(dest), precision)
     if verify:
         if not feeds_list:
-            feeds_list = _generated(lowered, GENERATED_SAMPLES)
+            feeds_list = _generated(lowered, GENERATED_SAMPLES, defaults)
         _check_samples(lowered, feeds_list)
         report.samples = len(feeds_list)
         report.verification = _verify(source, data, lowered, feeds_list, precision)
@@ -271,8 +276,11 @@ def _check_samples(lowered: Lowered, feeds_list: list[dict[str, np.ndarray]]) ->
                 )
 
 
-def _generated(lowered: Lowered, count: int) -> list[dict[str, np.ndarray]]:
-    """Random inputs at the export's sizes: standard normal floats, small integers, bools."""
+def _generated(
+    lowered: Lowered, count: int, defaults: Mapping[str, np.ndarray]
+) -> list[dict[str, np.ndarray]]:
+    """Random inputs at the export's sizes: standard normal floats, small integers, bools;
+    inputs with a default (a state) take it."""
     rng = np.random.default_rng(0)
     feeds = []
     for _ in range(count):
@@ -280,7 +288,9 @@ def _generated(lowered: Lowered, count: int) -> list[dict[str, np.ndarray]]:
         for io in lowered.inputs:
             shape = tuple(io.shape[i] for i in np.argsort(io.perm))  # back to ONNX's order
             dtype = np.dtype(io.dtype)
-            if dtype.kind == "f":
+            if io.name in defaults:
+                sample[io.name] = np.asarray(defaults[io.name])
+            elif dtype.kind == "f":
                 sample[io.name] = rng.standard_normal(shape).astype(dtype)
             elif dtype.kind == "b":
                 sample[io.name] = rng.integers(0, 2, shape).astype(bool)

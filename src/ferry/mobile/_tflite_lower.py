@@ -9,6 +9,11 @@ Before -> After::
 The model is prepared the way every ferry verb prepares one (:func:`ferry.graph.prepare`, then
 the optimizer's basic pipeline at fixed input sizes), then lowered by the core in
 :mod:`ferry.formats._tflite_lowering`.
+
+Inputs with a default (initializers the model also lists as inputs, IR >= 4: a streaming
+model's state, ``state:<variable>``) are inputs of the ``.tflite`` file too: TFLite has no
+optional inputs, and freezing the default would drop what the caller may give (the state of the
+previous call). The app feeds the default on the first call (:func:`optional_inputs`).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 
@@ -40,6 +46,7 @@ __all__ = [
     "Lowered",
     "ModelSource",
     "lower_model",
+    "optional_inputs",
     "to_tflite_model",
 ]
 
@@ -95,11 +102,34 @@ def lower_model(
     fixed, batch = static_inputs(source, shapes or {})
     work = _prepared(source, fixed, precision)
     try:
-        return lower_prepared(work, precision=precision, nhwc_io=nhwc_io, fixed=fixed, batch=batch)
+        lowered = lower_prepared(
+            work, precision=precision, nhwc_io=nhwc_io, fixed=fixed, batch=batch
+        )
     except UnsupportedOpError as e:
         if not e.ops:
             raise
         raise UnsupportedOpError(f"{e}\n{_ORT_MOBILE_HINT}", e.ops) from e
+    defaults = optional_inputs(source)
+    if defaults:
+        lowered.notes.append(
+            f"inputs with a default in the ONNX model, required by the .tflite file (feed the "
+            f"default on the first call, then what the last call returned): {', '.join(defaults)}"
+        )
+    return lowered
+
+
+def optional_inputs(model: ir.Model) -> dict[str, np.ndarray]:
+    """The inputs the caller may leave out, with their defaults: initializers that the model
+    also lists as inputs, from IR 4 on (before, every initializer was listed and is a constant).
+    """
+    if model.ir_version < 4:
+        return {}
+    found = {}
+    for value in model.graph.inputs:
+        init = model.graph.initializers.get(value.name or "")
+        if init is not None and init.const_value is not None:
+            found[value.name or ""] = init.const_value.numpy()
+    return found
 
 
 def _prepared(model: ir.Model, fixed: Mapping[str, tuple[int, ...]], precision: str) -> ir.Model:
@@ -107,6 +137,9 @@ def _prepared(model: ir.Model, fixed: Mapping[str, tuple[int, ...]], precision: 
     from ferry.optimizer import FixInputShapesPass, pipeline, rule_context
 
     work = prepare(model)
+    # Inputs with a default are inputs of the file: drop the default, keep the input.
+    for name in optional_inputs(work):
+        work.graph.initializers.pop(name).const_value = None
     if fixed:
         FixInputShapesPass(fixed)(work)
     if precision != "int8":

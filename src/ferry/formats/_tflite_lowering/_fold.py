@@ -24,6 +24,13 @@ MAX_FOLDED_ELEMENTS = 1 << 22
 #: Ops never folded: their result depends on more than their inputs.
 _KEEP = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial"}
 
+#: Ops whose older versions ONNX's reference evaluator does not implement (onnx 1.17 to 1.23
+#: have DequantizeLinear from version 19 only), with the first version it has: later versions
+#: only added input types (float8, int4, blocks), so the older types compute the same there.
+#: Without it, every weight-only quantized model's DequantizeLinear of int8 weights at opset
+#: 10 to 18 stays unfolded and its convolutions see weights "computed at run time".
+_EVALUATED_FROM = {"DequantizeLinear": 19}
+
 
 def evaluate(
     node: ir.Node, inputs: Sequence[np.ndarray | None], opset: int
@@ -56,6 +63,7 @@ def evaluate(
         ],
         [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.UNDEFINED, None) for n in outs],
     )
+    opset = max(opset, _EVALUATED_FROM.get(node.op_type, 0))
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
     try:
         from onnx.reference import ReferenceEvaluator

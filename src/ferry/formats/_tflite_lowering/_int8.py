@@ -15,11 +15,19 @@ and a QUANTIZE, as the quantizer left it. Ops whose int8 kernels need their inpu
 the output (pooling, concatenation, reshapes, pads, resizing) get a requantizing QUANTIZE in front
 where the model's parameters differ, and LOGISTIC/TANH/SOFTMAX write the fixed parameters their
 kernels produce, then requantize: what TFLite's converter does.
+
+Integers that no QuantizeLinear made (an int8 model input, a streaming model's int8 state) take
+the parameters of the DequantizeLinear reading them, and ops that only move integers (the
+Transposes a converted TFLite model has between its Q and DQ, an Identity to a state output)
+pass their input's parameters on. uint8 activations (a model's uint8 output, uint8 QDQ pairs)
+run as int8 at the zero point less 128, the same numbers; a QUANTIZE converts where the model's
+own inputs and outputs are uint8, as TFLite's converter does for ``inference_type=uint8``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -71,7 +79,18 @@ _SAME_PARAMS = {
     "BROADCAST_TO", "TILE", "PACK", "UNPACK",
 }  # fmt: skip
 
-_INT_TYPES = {np.dtype("int8"): INT8}
+#: TFLite's TensorType code of uint8.
+UINT8 = 3
+
+#: The activation types a QDQ model may quantize to, as TFLite tensor types.
+_INT_TYPES: dict[np.dtype[Any], int] = {np.dtype("int8"): INT8, np.dtype("uint8"): UINT8}
+
+#: ONNX ops that only move numbers around: on quantized values (integers between a Q and its
+#: DQ, or what a DQ made of them) their outputs hold the input's numbers at its parameters.
+_MOVES = {
+    "Identity", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Split",
+    "Gather", "DepthToSpace", "SpaceToDepth", "Expand", "Tile", "Concat",
+}  # fmt: skip
 
 
 def _per_tensor(cx: Lowering, node: ir.Node) -> tuple[float, int, np.dtype[np.generic]]:
@@ -85,18 +104,46 @@ def _per_tensor(cx: Lowering, node: ir.Node) -> tuple[float, int, np.dtype[np.ge
     return float(scale.reshape(())), int(zero.reshape(())), zero.dtype
 
 
+def _as_int8(quant: tuple[int, TFLiteQuant]) -> tuple[int, TFLiteQuant]:
+    """uint8 parameters as int8 ones: the same real numbers, the zero point 128 lower."""
+    ttype, q = quant
+    if ttype != UINT8:
+        return quant
+    return INT8, _quant(q.scale, q.zero_point - 128, q.axis)
+
+
+def _is_integer(value: ir.Value | None) -> bool:
+    return value is not None and value.dtype is not None and value.dtype.is_integer()
+
+
 def fold_qdq(cx: Lowering) -> list[str]:
     """Read the QDQ model's quantization: constants behind a DequantizeLinear become float
     constants that remember their integers; each Q/DQ pair's parameters go to the values they
-    quantize (and to the float value before the pair, when the pair is all that reads it)."""
+    quantize (and to the float value before the pair, when the pair is all that reads it);
+    integers no Q made take their DQ's parameters, and ops that move integers pass them on."""
     notes: list[str] = []
     for node in cx.model.graph:
-        if node.op_type == "DequantizeLinear" and node.domain in ("", "ai.onnx"):
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        if node.op_type in _MOVES:
+            _pass_on(cx, node)
+        elif node.op_type == "DequantizeLinear":
             source = node.inputs[0]
             stored = cx.const(source)
             if stored is None:
+                if source is not None and source not in cx.quant:
+                    # Integers from outside any Q (a model input, a state): the DQ's parameters.
+                    try:
+                        step, zp, dtype = _per_tensor(cx, node)
+                    except Unsupported:
+                        continue
+                    if dtype not in _INT_TYPES:
+                        raise Unsupported(
+                            f"{dtype} activations (TFLite's integer kernels take int8)"
+                        )
+                    cx.quant[source] = (_INT_TYPES[dtype], _quant([step], [zp], 0))
                 if source in cx.quant:
-                    cx.quant[node.outputs[0]] = cx.quant[source]
+                    cx.quant[node.outputs[0]] = _as_int8(cx.quant[source])
                 continue
             scale = cx.const(node.inputs[1])
             zero_v = node.inputs[2] if len(node.inputs) > 2 else None
@@ -113,29 +160,76 @@ def fold_qdq(cx: Lowering) -> list[str]:
             out = node.outputs[0]
             cx.folded[out] = real.astype(np.float32)
             cx.const_quant[out] = ConstQuant(stored, scale.reshape(-1), zero.reshape(-1), axis)
-        elif node.op_type == "QuantizeLinear" and node.domain in ("", "ai.onnx"):
+        elif node.op_type == "QuantizeLinear":
             x, q = node.inputs[0], node.outputs[0]
             try:
                 step, zp, dtype = _per_tensor(cx, node)
             except Unsupported:
                 continue
             if dtype not in _INT_TYPES:
-                raise Unsupported(f"{dtype} activations (TFLite's integer kernels take int8)")
-            quant = (INT8, _quant([step], [zp], 0))
+                raise Unsupported(
+                    f"{dtype} activations (TFLite's integer kernels take int8, and uint8)"
+                )
+            quant = (_INT_TYPES[dtype], _quant([step], [zp], 0))
             constant = cx.const(x)
             if constant is not None:
-                ints = np.clip(np.round(constant / step) + zp, -128, 127)
-                cx.folded[q] = ints.astype(np.int8)
+                info = np.iinfo(str(dtype))
+                ints = np.clip(np.round(constant / step) + zp, info.min, info.max)
+                cx.folded[q] = ints.astype(dtype)
                 continue
-            cx.quant[q] = quant
+            # A uint8 value inside the model runs as int8; uint8 stays where the model's
+            # output is uint8 (a QUANTIZE converts).
+            cx.quant[q] = quant if q.is_graph_output() else _as_int8(quant)
             if (
                 x is not None
                 and x.producer() is not None
                 and not x.is_graph_output()
                 and len(x.uses()) == 1
             ):
-                cx.quant[x] = quant  # the op before the pair writes the integers itself
+                cx.quant[x] = _as_int8(quant)  # the op before the pair writes the integers itself
+                _clamped_input(cx, x)
     return notes
+
+
+#: Activations that only clamp: the op before one may write at its output's parameters.
+_CLAMPS = {"Relu", "Clip"}
+
+
+def _clamped_input(cx: Lowering, x: ir.Value) -> None:
+    """``op -> Relu -> Q`` (a fused activation as a TFLite model or an exporter writes it): the
+    op writes at the Q's parameters, which saturate where the clamp would (TFLite fuses the
+    activation into it again); without them it would run in float."""
+    act = x.producer()
+    if act is None or act.op_type not in _CLAMPS or not act.inputs:
+        return
+    before = act.inputs[0]
+    if (
+        before is None
+        or before.producer() is None
+        or before.is_graph_output()
+        or len(before.uses()) != 1
+        or before in cx.quant
+        or _is_integer(before)
+    ):
+        return
+    cx.quant[before] = cx.quant[x]
+
+
+def _pass_on(cx: Lowering, node: ir.Node) -> None:
+    """An op moving quantized numbers (integers, or what a DQ made of them): its outputs hold
+    the numbers of its data input at the same parameters, so that what reads them (a Gemm after
+    a flattening Reshape) runs integer kernels too; a Q after it sets its own. A Concat only of
+    inputs at one set of parameters (its int8 kernel would requantize, the integers' would not).
+    """
+    data = [v for v in node.inputs[: None if node.op_type == "Concat" else 1] if v is not None]
+    if not data or not all(v in cx.quant for v in data):
+        return
+    first = cx.quant[data[0]]
+    if not all(cx.quant[v][0] == first[0] and _same(cx.quant[v][1], first[1]) for v in data):
+        return
+    for out in node.outputs:
+        if out not in cx.quant:
+            cx.quant[out] = first
 
 
 def _quant(scale: list[float] | np.ndarray, zero: list[int] | np.ndarray, axis: int) -> TFLiteQuant:
@@ -169,9 +263,10 @@ def _quantize(cx: Lowering, node: ir.Node) -> None:
     source = cx.get(x)
     perm = cx.perm(x)
     tensor = cx.b.tensors[source]
-    if tensor.type == INT8 and _same(tensor.quant, cx.quant[q][1]):
+    if tensor.type == cx.quant[q][0] and _same(tensor.quant, cx.quant[q][1]):
         cx.alias(q, source, perm)
         return
+    # From float, or requantizing integers (other parameters, int8 <-> uint8).
     cx.emit("QUANTIZE", [source], [cx.output(q, perm)])
 
 
@@ -180,8 +275,12 @@ def _dequantize(cx: Lowering, node: ir.Node) -> None:
     if q is None:
         raise Unsupported("the input is missing")
     source = cx.get(q)
-    if cx.b.tensors[source].quant is not None and out in cx.quant:
-        cx.alias(out, source, cx.perm(q))  # the integers stand for the float value
+    tensor = cx.b.tensors[source]
+    if tensor.quant is not None and out in cx.quant:
+        if tensor.type == cx.quant[out][0]:
+            cx.alias(out, source, cx.perm(q))  # the integers stand for the float value
+        else:  # a uint8 input: its numbers as int8, for the integer kernels after it
+            cx.emit("QUANTIZE", [source], [cx.output(out, cx.perm(q))])
         return
     cx.emit("DEQUANTIZE", [source], [cx.output(out, cx.perm(q), ttype=0)])
 

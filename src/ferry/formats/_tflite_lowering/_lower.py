@@ -86,7 +86,9 @@ TRANSLATORS: dict[str, Callable[[Lowering, ir.Node], None]] = {
 #: At most this many rounds of folding and inference in :func:`prepare_static`.
 _FOLD_ROUNDS = 8
 
-#: Ops lowered as ops even when their inputs are constant (their translators fold what they can).
+#: Ops lowered as ops even when their inputs are constant, at int8 only (the QDQ translators
+#: keep the integers behind them). At fp32 and fp16 there is no such translator and a
+#: DequantizeLinear of stored integers (a weight-only quantized model's) folds to float weights.
 _NOT_FOLDED = {"QuantizeLinear", "DequantizeLinear"}
 
 _CONTROL_FLOW = "control flow (ferry writes no WHILE/IF subgraphs)"
@@ -503,7 +505,8 @@ def _lower_nodes(cx: Lowering, *, knock_on: bool = False) -> list[tuple[str, str
         if node.outputs and all(o in cx.folded for o in node.outputs):
             continue  # computed at export already (a quantized model's constants)
         consts = [cx.const(v) for v in node.inputs]
-        if node.op_type not in _NOT_FOLDED and all(
+        keep = cx.options.precision == "int8" and node.op_type in _NOT_FOLDED
+        if not keep and all(
             c is not None or v is None for v, c in zip(node.inputs, consts)
         ):  # a Constant node too: no inputs
             results = evaluate(node, consts, opset)
