@@ -194,18 +194,20 @@ class LiteRTPartition:
     ) -> dict[str, np.ndarray]:
         names = self.output_names if outputs is None else outputs
         try:
-            arrays = {n: inputs[n] for n in self.input_names}
+            arrays = [inputs[n] for n in self.input_names]
         except KeyError:
             missing = [n for n in self.input_names if n not in inputs]
             raise InvalidInputError(
                 f"litert: missing input(s) {', '.join(map(repr, missing))}"
             ) from None
-        for name, array in arrays.items():
-            if not isinstance(array, np.ndarray):
-                arrays[name] = np.asarray(array)
-        # The hot path: the sizes' tuples are the key (no per-dim conversion per call).
-        key = tuple(a.shape for a in arrays.values())
-        engine = self._engines.get(key) or self._engine_for({n: a.shape for n, a in arrays.items()})
+        try:
+            # The hot path: the sizes' tuples are the key (no per-dim conversion per call).
+            engine = self._engines.get(tuple(a.shape for a in arrays))
+        except AttributeError:  # not arrays: converted once, then looked up again
+            arrays = [np.asarray(a) for a in arrays]
+            engine = None
+        if engine is None:
+            engine = self._engine_for(dict(zip(self.input_names, (a.shape for a in arrays))))
         return engine.run(arrays, names)
 
     def serialize(self) -> bytes:
@@ -321,7 +323,14 @@ class _Engine:
         }
         #: The input sizes it was built at.
         self.shapes = {n: tuple(int(d) for d in by_name[n]["shape"]) for n in input_names}
+        self._order = [(n, *self._inputs[n]) for n in input_names]
         self._outputs = outs
+        # The outputs the file holds in another width than ONNX's (int32 for int64 ones):
+        # converted after each run; the rest are handed back as LiteRT gives them.
+        held = {d["name"]: np.dtype(d["dtype"]) for d in interpreter.get_output_details()}
+        self._widened = [
+            (n, dtype) for n, dtype in self._dtypes.items() if n in held and held[n] != dtype
+        ]
         self._free.append(interpreter)
 
     def _new(self, quiet: bool = False) -> Any:
@@ -335,10 +344,10 @@ class _Engine:
             raise ModelLoadError(f"LiteRT refuses the lowered model: {_first_line(e)}") from e
         return interpreter
 
-    def run(self, arrays: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[str, np.ndarray]:
+    def run(self, arrays: Sequence[np.ndarray], names: Sequence[str]) -> dict[str, np.ndarray]:
+        """Run on ``arrays`` (in the partition's input order); the outputs ``names``."""
         feeds = []
-        for name, array in arrays.items():
-            index, dtype, shape = self._inputs[name]
+        for (name, index, dtype, shape), array in zip(self._order, arrays):
             if array.dtype != dtype or array.shape != shape or not array.flags.c_contiguous:
                 array = self._converted(name, array)
             feeds.append((index, array))
@@ -354,8 +363,7 @@ class _Engine:
             except (RuntimeError, ValueError) as e:
                 raise ExecutionError(f"LiteRT failed to run the model: {_first_line(e)}") from e
             try:
-                # get_tensor hands back a copy the caller owns; converted only where the file
-                # holds an output in another width than ONNX's.
+                # get_tensor hands back a copy the caller owns.
                 results = {n: interpreter.get_tensor(self._outputs[n]) for n in names}
             except KeyError as e:
                 raise ExecutionError(
@@ -363,8 +371,8 @@ class _Engine:
                 ) from None
         finally:
             self._free.append(interpreter)
-        for name, dtype in self._dtypes.items():
-            if name in results and results[name].dtype != dtype:
+        for name, dtype in self._widened:
+            if name in results:
                 results[name] = results[name].astype(dtype)
         return results
 
