@@ -173,3 +173,87 @@ def parse_tolerance(text: str | None) -> tuple[float, float] | None:
     if len(values) not in (1, 2) or any(v < 0 for v in values):
         raise InvalidInputError(f"--tolerance takes ATOL or ATOL,RTOL (non-negative), got {text!r}")
     return (values[0], values[1] if len(values) == 2 else 0.0)
+
+
+def image_data_options(f: F) -> F:
+    """``--image-size``, ``--layout``, ``--mean``, ``--std``, ``--scale``: how a ``--data`` folder
+    of images becomes the model's input (quantize, distill, compress)."""
+    for decorator in reversed(
+        [
+            click.option(
+                "--image-size",
+                default=None,
+                metavar="HxW",
+                help="Images resized to this (a --data folder).",
+            ),
+            click.option(
+                "--layout", type=click.Choice(["NCHW", "NHWC"]), default="NCHW", show_default=True
+            ),
+            click.option(
+                "--mean", default=None, metavar="M[,M,M]", help="Per-channel mean after /--scale."
+            ),
+            click.option(
+                "--std", default=None, metavar="S[,S,S]", help="Per-channel std after /--scale."
+            ),
+            click.option(
+                "--scale",
+                type=float,
+                default=255.0,
+                show_default=True,
+                help="Pixels are divided by this first.",
+            ),
+        ]
+    ):
+        f = decorator(f)
+    return f
+
+
+def image_preprocessing(
+    image_size: str | None, layout: str, mean: str | None, std: str | None, scale: float
+) -> Any:
+    """The :class:`ImagePreprocessing` the image options describe, or None without a size."""
+    if image_size is None:
+        for given, option in ((mean, "--mean"), (std, "--std")):
+            if given is not None:
+                raise InvalidInputError(f"{option} applies to images: give --image-size too")
+        return None
+    from ferry.optimizer.quantize import ImagePreprocessing
+
+    try:
+        h, w = (int(v) for v in image_size.lower().split("x"))
+    except ValueError:
+        raise InvalidInputError(
+            f"--image-size takes HxW, e.g. 224x224, got {image_size!r}"
+        ) from None
+    return ImagePreprocessing(
+        size=(h, w),
+        layout=layout,
+        mean=_floats(mean, "--mean") or (0.0,),
+        std=_floats(std, "--std") or (1.0,),
+        scale=scale,
+    )
+
+
+def _floats(text: str | None, option: str) -> tuple[float, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise InvalidInputError(
+            f"{option} takes numbers separated by commas, got {text!r}"
+        ) from None
+
+
+def show_report(report: Any, json_path: str | None, about: dict[str, str]) -> bool:
+    """Print a compression report's lines (unless its JSON goes to stdout) and write its JSON
+    (``about`` first: the files it concerns) to ``json_path``; whether the terminal stays quiet."""
+    from rich.markup import escape
+
+    quiet = json_path == "-"
+    if not quiet:
+        for line in report.lines():
+            console.print(escape(line))
+    if json_path is not None:
+        write_json({**about, **report.to_dict()}, json_path)
+    return quiet

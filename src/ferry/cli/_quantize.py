@@ -8,22 +8,11 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from ferry.cli._common import console, write_json
+from ferry.cli._common import console, image_data_options, image_preprocessing, show_report
 from ferry.errors import InvalidInputError
 
 #: Exit status when the quantized model was refused (over budget, slower, random data).
 EXIT_REFUSED = 3
-
-
-def _floats(text: str | None, option: str) -> tuple[float, ...] | None:
-    if text is None:
-        return None
-    try:
-        return tuple(float(v) for v in text.split(","))
-    except ValueError:
-        raise InvalidInputError(
-            f"{option} takes numbers separated by commas, got {text!r}"
-        ) from None
 
 
 @click.command("quantize")
@@ -75,19 +64,7 @@ def _floats(text: str | None, option: str) -> tuple[float, ...] | None:
     default=None,
     help="top1, cosine (default), mask, mask@THRESHOLD, seq, or module:function.",
 )
-@click.option(
-    "--image-size", default=None, metavar="HxW", help="Images resized to this (a --data folder)."
-)
-@click.option("--layout", type=click.Choice(["NCHW", "NHWC"]), default="NCHW", show_default=True)
-@click.option("--mean", default=None, metavar="M[,M,M]", help="Per-channel mean after /--scale.")
-@click.option("--std", default=None, metavar="S[,S,S]", help="Per-channel std after /--scale.")
-@click.option(
-    "--scale",
-    type=float,
-    default=255.0,
-    show_default=True,
-    help="Pixels are divided by this first.",
-)
+@image_data_options
 @click.option(
     "--random",
     is_flag=True,
@@ -138,7 +115,7 @@ def command(
       ferry quantize model.int8.onnx --check --target tensorrt
     """
     from ferry.graph import load_model
-    from ferry.optimizer.quantize import ImagePreprocessing, check, quantize
+    from ferry.optimizer.quantize import check, quantize
 
     if check_only:
         breaches = check(load_model(model), target)
@@ -156,19 +133,7 @@ def command(
         raise InvalidInputError(
             f"refusing to overwrite the input model {model}; choose another -o path"
         )
-    preprocessing = None
-    if image_size is not None:
-        try:
-            h, w = (int(v) for v in image_size.lower().split("x"))
-        except ValueError:
-            raise InvalidInputError(
-                f"--image-size takes HxW, e.g. 224x224, got {image_size!r}"
-            ) from None
-        channels_mean = _floats(mean, "--mean") or (0.0,)
-        channels_std = _floats(std, "--std") or (1.0,)
-        preprocessing = ImagePreprocessing(
-            size=(h, w), layout=layout, mean=channels_mean, std=channels_std, scale=scale
-        )
+    preprocessing = image_preprocessing(image_size, layout, mean, std, scale)
     result = quantize(
         model,
         data=data,
@@ -183,12 +148,7 @@ def command(
         preprocessing=preprocessing,
         force=force,
     )
-    quiet = report == "-"
-    if not quiet:
-        for line in result.report.lines():
-            console.print(escape(line))
-    if report is not None:
-        write_json({"model": str(model), "output": str(output), **result.report.to_dict()}, report)
+    quiet = show_report(result.report, report, {"model": str(model), "output": str(output)})
     if not result.accepted:
         if not quiet:
             console.print(

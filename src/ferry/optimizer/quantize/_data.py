@@ -140,7 +140,8 @@ def split(
     *,
     random: bool = False,
 ) -> Samples:
-    """Every ``1/held_back``-th sample held back (spread over the data), the rest calibrate."""
+    """A ``held_back`` fraction of the samples, drawn at random with a fixed seed, held back;
+    the rest calibrate."""
     if len(feeds) < 2:
         raise InvalidInputError(
             f"calibration needs at least 2 samples (one to calibrate on, one to judge with); "
@@ -149,8 +150,10 @@ def split(
     if not 0 < held_back < 1:
         raise InvalidInputError(f"the held-back fraction must be in (0, 1), got {held_back}")
     count = max(1, min(len(feeds) - 1, round(len(feeds) * held_back)))
-    step = len(feeds) / count
-    judged = {int(i * step + step / 2) for i in range(count)}
+    # Drawn at random (seeded: the same split every run), not every k-th sample: data often
+    # comes in runs (each image at four rotations, each speaker's clips together), and every
+    # 4th of 4 rotations judges on one rotation only.
+    judged = set(np.random.default_rng(0).choice(len(feeds), size=count, replace=False).tolist())
     return Samples(
         calibration=[f for i, f in enumerate(feeds) if i not in judged],
         held_back=[f for i, f in enumerate(feeds) if i in judged],

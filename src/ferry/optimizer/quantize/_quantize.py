@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import importlib
 import io
 import json
 import logging
@@ -33,8 +32,17 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from ferry.errors import BackendUnavailableError, FerryError, InvalidInputError
+from ferry.errors import BackendUnavailableError, InvalidInputError
 from ferry.graph import atomic_path, load_model, save_model
+from ferry.optimizer._task import (
+    METRICS,
+    budget_fraction,
+    latency_before_after,
+    metric_spec,
+    model_bytes,
+    task_score,
+    timing_engine,
+)
 from ferry.optimizer.quantize._bf16 import to_bf16, upgrade_opset
 from ferry.optimizer.quantize._data import ImagePreprocessing, Samples, load_samples, split
 from ferry.optimizer.quantize._mse import write_mse_ranges
@@ -46,14 +54,12 @@ from ferry.optimizer.quantize._targets import (
     quantize_residual_inputs,
     scheme,
 )
-from ferry.parity import judge
 
 __all__ = ["METHODS", "METRICS", "QuantizeReport", "QuantizeResult", "quantize"]
 
 logger = logging.getLogger(__name__)
 
 METHODS = ("auto", "minmax", "percentile", "entropy", "mse")
-METRICS = ("top1", "cosine", "mask", "seq")
 PRECISIONS = ("int8", "fp16", "bf16")
 #: Targets whose engines run a bf16 graph: OpenVINO's CPU plugin (bf16 kernels on AVX512-BF16
 #: and AMX, emulated elsewhere) and TensorRT. ONNX Runtime's CPU provider has no bf16 Conv,
@@ -248,8 +254,8 @@ def quantize(
             "provider has no bf16 Conv, pooling or activations and TFLite has no bf16; use "
             "--target openvino (or tensorrt), or --precision fp16"
         )
-    least = 1.0 - _budget(budget)
-    spec = _metric(metric, least)
+    least = 1.0 - budget_fraction(budget)
+    spec = metric_spec(metric, least)
     original = load_model(model)
     reference = load(original)
     samples = _samples(data, random, reference.inputs, preprocessing)
@@ -261,13 +267,13 @@ def quantize(
     chosen = ""
     if precision == "fp16":
         work, description = _fp16(original), "fp16, sensitive ops fp32"
-        score = _score(work, samples.held_back, want, spec)
+        score = task_score(work, samples.held_back, want, spec)
         quantized_nodes = _computing_in(work, ir.DataType.FLOAT16)
     elif precision == "bf16":
         work, count = to_bf16(_prepared(original), _FP16_KEEP)
         description = f"bf16 ({count} nodes), sensitive ops fp32"
         # ONNX Runtime cannot run it: judged where it runs (OpenVINO stands in for TensorRT).
-        score = _score(work, samples.held_back, want, spec, engine="openvino")
+        score = task_score(work, samples.held_back, want, spec, engine="openvino")
         quantized_nodes = _computing_in(work, ir.DataType.BFLOAT16)
     else:
         the_scheme = scheme(target, per_channel=per_channel)
@@ -286,7 +292,7 @@ def quantize(
             )
             if dynamic:
                 work = quantizer.run([])
-                score = _score(work, samples.held_back, want, spec)
+                score = task_score(work, samples.held_back, want, spec)
             else:
                 methods = ("minmax", "mse") if method == "auto" else (method,)
                 work, score, chosen = _choose(
@@ -302,14 +308,16 @@ def quantize(
                 keep = max(1, keep * 2)
                 kept = ranking[:keep]
                 work = quantizer.run(kept)
-                score = _score(work, samples.held_back, want, spec)
+                score = task_score(work, samples.held_back, want, spec)
                 rounds += 1
                 if keep >= len(ranking):
                     break
         quantized_nodes = tuple(_quantized_nodes(work))
         method = quantizer.method
 
-    engine, before, after, skipped = _latency(original, work, target, samples.held_back[0])
+    engine, before, after, skipped = latency_before_after(
+        original, work, target, samples.held_back[0]
+    )
     refused = None
     if samples.random:
         refused = "calibrated on random data: the accuracy figures mean nothing (give real data)"
@@ -334,8 +342,8 @@ def quantize(
         latency_before_ms=before,
         latency_after_ms=after,
         latency_skipped=skipped,
-        bytes_before=_size(original),
-        bytes_after=_size(work),
+        bytes_before=model_bytes(original),
+        bytes_after=model_bytes(work),
         quantized=quantized_nodes,
         kept_float=tuple(kept),
         rounds=rounds,
@@ -346,48 +354,6 @@ def quantize(
     if refused is not None and not force:
         return QuantizeResult(original, report)
     return QuantizeResult(work, report)
-
-
-def _budget(budget: float | str) -> float:
-    """``"1%"``, ``"0.01"`` or ``0.01`` -> 0.01."""
-    try:
-        value = (
-            float(budget.strip().removesuffix("%")) / 100
-            if isinstance(budget, str) and budget.strip().endswith("%")
-            else float(budget)
-        )
-    except ValueError:
-        raise InvalidInputError(
-            f"budget must be a fraction or a percentage such as 1%, got {budget!r}"
-        ) from None
-    if not 0 <= value < 1:
-        raise InvalidInputError(f"budget must be in [0%, 100%), got {budget!r}")
-    return value
-
-
-def _metric(metric: str | Callable[..., Any] | None, least: float) -> dict[str, Any]:
-    """The judge spec for ``metric`` whose score must reach ``least``."""
-    if metric is None or metric == "cosine":
-        return {"kind": "cosine", "min": least}
-    if callable(metric):
-        return {"kind": "custom", "function": metric, "min": least}
-    if metric == "top1":
-        return {"kind": "top1", "min_agreement": least}
-    if metric == "seq":
-        return {"kind": "argmax_seq", "min_agreement": least}
-    if metric == "mask" or metric.startswith("mask@"):
-        threshold = float(metric.removeprefix("mask@")) if "@" in metric else 0.5
-        return {"kind": "mask", "threshold": threshold, "min_agreement": least}
-    if ":" in metric:
-        module, _, name = metric.partition(":")
-        try:
-            function = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as e:
-            raise InvalidInputError(f"metric {metric!r}: cannot import it ({e})") from e
-        return {"kind": "custom", "function": function, "min": least}
-    raise InvalidInputError(
-        f"unknown metric {metric!r}; use {', '.join(METRICS)}, mask@THRESHOLD or module:function"
-    )
 
 
 def _samples(
@@ -407,55 +373,6 @@ def _samples(
     logger.warning("calibrating on RANDOM data: the quantized model's accuracy means nothing")
     feeds = [timing_feeds(inputs, seed=i) for i in range(8)]
     return split(feeds, "random data", random=True)
-
-
-def _score(
-    model: ir.Model,
-    feeds: Sequence[Mapping[str, np.ndarray]],
-    want: Sequence[Mapping[str, np.ndarray]],
-    spec: Mapping[str, Any],
-    engine: str | None = None,
-) -> float:
-    """The metric's worst score over the outputs, over the held-back samples (their outputs
-    joined along the batch axis where the sizes allow, else the mean of per-sample scores), run
-    on ``engine`` (None: ferry's default)."""
-    from ferry.runtime import load
-
-    try:
-        session = load(model, backends=engine) if engine else load(model)
-    except BackendUnavailableError as e:
-        raise InvalidInputError(
-            f"{engine} is needed to judge this model and is missing: {e}"
-        ) from e
-    got = [session.run(dict(feed)) for feed in feeds]
-    joined_got, joined_want = _join(got), _join(want)
-    if joined_got is not None and joined_want is not None:
-        return _worst(spec, joined_got, joined_want)
-    return float(np.mean([_worst(spec, g, w) for g, w in zip(got, want, strict=True)]))
-
-
-def _worst(
-    spec: Mapping[str, Any], got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]
-) -> float:
-    scores = []
-    for name in got:
-        g, w = np.asarray(got[name]), np.asarray(want[name])
-        if g.dtype.kind not in "f" or (
-            spec["kind"] in ("top1", "argmax_seq") and (g.ndim == 0 or g.shape[-1] < 2)
-        ):
-            continue
-        try:
-            scores += [j.score for j in judge({**spec, "output": name})({name: g}, {name: w})]
-        except FerryError as e:
-            logger.debug("output %s not judged by %s: %s", name, spec["kind"], e)
-    return min(scores, default=1.0)
-
-
-def _join(outputs: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray] | None:
-    try:
-        return {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
-    except ValueError:
-        return None
 
 
 def _choose(
@@ -481,7 +398,7 @@ def _choose(
 
     candidates = [(p, m) for p in quantizer.scheme.placements for m in methods]
     models = {c: quantizer.run([], *c) for c in candidates}
-    scores = {c: _score(m, samples.held_back, want, spec) for c, m in models.items()}
+    scores = {c: task_score(m, samples.held_back, want, spec) for c, m in models.items()}
     best = {  # each placement's most accurate method (the first on a tie)
         p: max((c for c in candidates if c[0] == p), key=lambda c: scores[c])
         for p in quantizer.scheme.placements
@@ -497,7 +414,7 @@ def _choose(
             + ")"
         )
     if len(finalists) > 1:
-        engine = _engine(target)
+        engine = timing_engine(target)
         try:
             sessions = [load(models[c], backends=engine) for c in finalists]
         except BackendUnavailableError as e:
@@ -520,11 +437,6 @@ def _choose(
             )
     quantizer.placement, quantizer.method = chosen
     return models[chosen], scores[chosen], words
-
-
-def _engine(target: str) -> str:
-    """Where ``target``'s models are timed (ONNX Runtime stands in for tflite and portable)."""
-    return target if target in ("openvino", "tensorrt") else "onnxruntime"
 
 
 class _Quantizer:
@@ -727,30 +639,3 @@ def _fp16(model: ir.Model) -> ir.Model:
         ir.to_proto(model), keep_io_types=True, op_block_list=_FP16_KEEP
     )
     return ir.from_proto(proto)
-
-
-def _latency(
-    original: ir.Model, quantized: ir.Model, target: str, feed: Mapping[str, np.ndarray]
-) -> tuple[str, float | None, float | None, str | None]:
-    """Both timed on the target's engine (ONNX Runtime stands in for tflite and portable)."""
-    from ferry.runtime import block_medians, load
-
-    engine = _engine(target)
-    try:
-        before_s, after_s = load(original, backends=engine), load(quantized, backends=engine)
-    except BackendUnavailableError as e:
-        return engine, None, None, f"{engine} is not available here ({e})"
-    runs = [lambda: before_s.run(dict(feed)), lambda: after_s.run(dict(feed))]
-    before, after = block_medians(runs, 2.0)
-    if after > before * 0.9:
-        # Close: measure again and keep the worse ratio. A slower model handed back is worse
-        # than a faster one refused (measured: a 3 ms classifier timed 0.95x here, 1.5x slower
-        # in the benchmark's longer run).
-        again_before, again_after = block_medians(runs, 2.0)
-        if again_after / again_before > after / before:
-            before, after = again_before, again_after
-    return engine, before * 1000, after * 1000, None
-
-
-def _size(model: ir.Model) -> int:
-    return ir.to_proto(model).ByteSize()

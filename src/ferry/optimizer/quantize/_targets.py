@@ -28,17 +28,16 @@ Targets and where their rules come from:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import platform
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, TypeGuard
 
 import numpy as np
 import onnx_ir as ir
 
 from ferry.errors import InvalidInputError
+from ferry.optimizer._host import host_cpu_flags
 
 __all__ = [
     "PLACEMENTS",
@@ -175,20 +174,6 @@ def _known_target(target: str) -> str:
     return target
 
 
-@functools.cache
-def _host_cpu_flags() -> frozenset[str]:
-    """The CPU feature flags of this machine (x86 ``flags`` or ARM ``Features``), empty if unknown."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
-
-
 def _cpu_kind(flags: frozenset[str]) -> Literal["x86", "arm"]:
     if flags & _X86_FLAGS:
         return "x86"
@@ -219,7 +204,7 @@ def scheme(
     """
     _known_target(target)
     if target == "onnxruntime":
-        flags = frozenset(cpu_flags) if cpu_flags is not None else _host_cpu_flags()
+        flags = frozenset(cpu_flags) if cpu_flags is not None else host_cpu_flags()
         if _cpu_kind(flags) == "arm":
             # ORT's docstring: ARM kernels (SDOT) run S8S8 natively.
             base = Scheme(
