@@ -380,3 +380,35 @@ def test_groups_name_what_pins_them() -> None:
     blocked = [g for g in groups if g.blocked and g.sources]
     assert [g.name for g in blocked] == ["fc"]
     assert "graph output 'y'" in blocked[0].blocked[0]
+
+
+def _digits_feeds(count: int, start: int = 0) -> list[dict[str, np.ndarray]]:
+    x_train = zoo.digits_data()[0]
+    return [{"input": x_train[i : i + 1]} for i in range(start, start + count)]
+
+
+def test_activation_criterion_needs_data() -> None:
+    with pytest.raises(InvalidInputError, match="activation criterion.*give data"):
+        prune(_zoo("digits_cnn"), sparsity=0.5, criterion="activation")
+
+
+def test_data_recentres_the_next_layer_and_ranks_by_activation() -> None:
+    # Unseen digits judge: the logits of the pruned model against the original's.
+    model = _zoo("digits_cnn")
+    judged = _digits_feeds(64, start=1000)
+    want = np.concatenate([_run(model, f)[0] for f in judged])
+
+    def error(pruned: ir.Model) -> float:
+        got = np.concatenate([_run(pruned, f)[0] for f in judged])
+        return float(np.abs(got - want).mean())
+
+    data = _digits_feeds(64)
+    plain = prune(model, sparsity=0.5, multiple=1)
+    centred = prune(model, sparsity=0.5, multiple=1, data=data)
+    ranked = prune(model, sparsity=0.5, multiple=1, data=data, criterion="activation")
+    assert ranked.report.criterion == "activation"
+    assert [g["criterion"] for g in ranked.report.groups] == ["activation"] * 2
+    # Same channels removed, only the biases differ: the logits move less.
+    assert error(centred.model) < error(plain.model)
+    assert error(ranked.model) < error(plain.model)
+    assert macs(ranked.model) == macs(plain.model)

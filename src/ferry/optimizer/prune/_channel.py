@@ -45,7 +45,9 @@ def _scores(
     ``activation``: what a channel adds to the next layers on real data, E|a_c| times the norm
     of the consumers' weights on it, summed over consumers. Filter norms say how a channel is
     made, not what it carries or how much the next layer listens: on the kit's PP-LCNet, 30%
-    fewer channels by l1 agreed with the original on a third of images, by activation on ...
+    fewer channels by l1 answered one class for every photograph (a third agreed with the
+    original), by activation 40% agreed and the answers still varied, which distillation can
+    bring back.
     """
     channels = group.channels or 0
     if criterion == "activation":
@@ -60,6 +62,14 @@ def _scores(
             rows = np.moveaxis(weight.astype(np.float64), consumer.axis, 0).reshape(channels, -1)
             carried += magnitude * np.sqrt((rows**2).sum(axis=1))
             measured = True
+        if not measured:
+            # Read through a Concat or Flatten (a derived group's consumers): what the channels
+            # carry, each measured tensor of the group weighing alike.
+            for value in group.values:
+                magnitude = (magnitudes or {}).get(value)
+                if magnitude is not None and len(magnitude) == channels and magnitude.mean() > 0:
+                    carried += magnitude / magnitude.mean()
+                    measured = True
         if measured:
             return carried, "activation"
         criterion = "l1"

@@ -221,6 +221,7 @@ def _channel(
         wanted = {
             v for g in groups for c in g.consumers for v in c.node.inputs[:1] if v is not None
         }
+        wanted |= {v for g in groups for v in g.values}  # for groups read through a Flatten
         means, magnitudes = activation_means(work, wanted, data)
     elif criterion == "activation":
         raise InvalidInputError(
