@@ -33,15 +33,19 @@ if TYPE_CHECKING:
     import onnx_ir
 
     from ferry.converters import ConversionResult, convert
-    from ferry.optimizer import OptimizeResult, optimize
+    from ferry.optimizer import CompressResult, OptimizeResult, compress, optimize
+    from ferry.optimizer.distill import DistillResult, distill
+    from ferry.optimizer.prune import PruneResult, prune
     from ferry.optimizer.quantize import QuantizeResult, quantize
     from ferry.plan import Plan
     from ferry.runtime import Session, TensorSpec
 
 __all__ = [
     "BackendUnavailableError",
+    "CompressResult",
     "ConversionError",
     "ConversionResult",
+    "DistillResult",
     "ExecutionError",
     "FerryError",
     "InvalidInputError",
@@ -49,14 +53,18 @@ __all__ = [
     "OptimizeResult",
     "Plan",
     "PlanError",
+    "PruneResult",
     "QuantizeResult",
     "Session",
     "TensorSpec",
     "UnsupportedOpError",
     "__version__",
+    "compress",
     "convert",
+    "distill",
     "load",
     "optimize",
+    "prune",
     "quantize",
 ]
 
@@ -72,6 +80,12 @@ __getattr__ = lazy_getattr(
         "OptimizeResult",
         "quantize",
         "QuantizeResult",
+        "prune",
+        "PruneResult",
+        "distill",
+        "DistillResult",
+        "compress",
+        "CompressResult",
     ],
     [
         "ferry.runtime",
@@ -79,6 +93,8 @@ __getattr__ = lazy_getattr(
         "ferry.converters",
         "ferry.optimizer",
         "ferry.optimizer.quantize",
+        "ferry.optimizer.prune",
+        "ferry.optimizer.distill",
     ],
 )
 

@@ -102,3 +102,49 @@ def judged(
 
 #: Every judgement made in this run, for ``--real-report`` (the README's table).
 RESULTS: list[tuple[str, str, list[Judgement]]] = []
+
+
+#: Colour photographs bundled with scikit-image and scikit-learn (no download).
+_PHOTOS = (
+    "astronaut", "cat", "coffee", "hubble_deep_field", "immunohistochemistry", "retina", "rocket",
+)  # fmt: skip
+_IMAGENET = (np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225]))
+
+
+def unlabeled_images(size: int, *, pages: int = 8, crops: int = 4) -> list[np.ndarray]:
+    """Unlabeled ImageNet-normalized ``[1, 3, size, size]`` images for distillation and
+    calibration: ``crops`` square crops (seeded; 50-100% of the short side, anywhere) of each
+    photograph scikit-image and scikit-learn ship, and ``pages`` of the kit's rendered document
+    pages, each at the four right-angle rotations (what an orientation classifier sees).
+    """
+    from skimage import data as skdata
+    from skimage.transform import resize
+    from sklearn.datasets import load_sample_images
+
+    rng = np.random.default_rng(0)
+    photos = [np.asarray(getattr(skdata, n)())[..., :3] for n in _PHOTOS]
+    photos += list(load_sample_images().images)
+    squares: list[np.ndarray] = []
+    for photo in photos:
+        h, w = photo.shape[:2]
+        for _ in range(crops):
+            side = int(min(h, w) * rng.uniform(0.5, 1.0))
+            y, x = int(rng.integers(0, h - side + 1)), int(rng.integers(0, w - side + 1))
+            crop = photo[y : y + side, x : x + side].astype(np.float64) / 255.0
+            squares.append(resize(crop, (size, size), order=1, anti_aliasing=True))
+    mean, std = _IMAGENET
+    images = [((sq - mean) / std).transpose(2, 0, 1)[None].astype(np.float32) for sq in squares]
+    rotated = [
+        np.ascontiguousarray(np.rot90(im, k, axes=(2, 3))) for im in images for k in range(4)
+    ]
+    return rotated + rotated_pages(size, pages)
+
+
+def rotated_pages(size: int, count: int, *, first: int = 0) -> list[np.ndarray]:
+    """``count`` of the kit's rendered document pages (from index ``first``), ImageNet-
+    normalized ``[1, 3, size, size]``, each at the four right-angle rotations."""
+    pages = [
+        _inputs.text_page(size, size, norm="imagenet", index=first + i).astype(np.float32)
+        for i in range(count)
+    ]
+    return [np.ascontiguousarray(np.rot90(p, k, axes=(2, 3))) for p in pages for k in range(4)]

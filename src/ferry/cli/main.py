@@ -65,6 +65,7 @@ def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
       ferry run model.onnx --random
       ferry convert model.onnx -o model17.onnx --opset 17
       ferry optimize model.onnx -o model.opt.onnx
+      ferry compress model.onnx -o small.onnx --data calib.npz --recipe prune:channel=0.3,distill:epochs=5
       ferry bench model.onnx --iterations 200
     """
     ctx.ensure_object(dict)
@@ -83,6 +84,9 @@ def _register() -> None:
         "convert",
         "optimize",
         "quantize",
+        "prune",
+        "distill",
+        "compress",
         "export",
         "plan",
         "bench",

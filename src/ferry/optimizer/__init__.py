@@ -8,6 +8,15 @@ and keeps the input otherwise.
 
 from __future__ import annotations
 
+from ferry.optimizer._compress import (
+    STAGES,
+    CompressReport,
+    CompressResult,
+    Stage,
+    StageRow,
+    compress,
+    parse,
+)
 from ferry.optimizer._optimize import (
     LatencyCheck,
     OptimizeReport,
@@ -21,14 +30,21 @@ from ferry.optimizer.rules import LEVELS, TARGETS, RuleContext
 __all__ = [
     "LEVELS",
     "MAX_ROUNDS",
+    "STAGES",
     "TARGETS",
+    "CompressReport",
+    "CompressResult",
     "FixInputShapesPass",
     "LatencyCheck",
     "OptimizeReport",
     "OptimizeResult",
     "RuleContext",
+    "Stage",
+    "StageRow",
+    "compress",
     "optimize",
     "optimized_for_load",
+    "parse",
     "pipeline",
     "rule_context",
 ]
