@@ -117,7 +117,11 @@ def test_over_budget_is_refused_and_nothing_written(tmp_path: Path) -> None:
     model, feeds, _ = _digits()
     out = tmp_path / "small.onnx"
     result = compress(
-        model, recipe="prune:channel=0.95:multiple=1", data=feeds[:200], metric="top1", budget="0.1%"
+        model,
+        recipe="prune:channel=0.95:multiple=1",
+        data=feeds[:200],
+        metric="top1",
+        budget="0.1%",
     )
     assert not result.accepted
     assert "under" in (result.report.refused or "")
