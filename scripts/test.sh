@@ -22,6 +22,12 @@ if [ "${FERRY_TEST_HEAVY:-0}" = "1" ]; then
     echo "WARNING: Paddle did not install; its converter tests will be skipped" >&2
   fi
 fi
+# The browser tests (tests/web): Debian's chromium and chromedriver, node and npm (the web
+# bundle's onnxruntime-web), selenium into .venv. Without them those tests skip, saying why
+# (under FERRY_CI they fail).
+echo "==> browser, node and npm"
+bash scripts/browser-env.sh \
+  || echo "WARNING: chromium/node/npm could not be installed; the browser tests will skip" >&2
 # Triton's perf_analyzer (from the tritonclient 2.41 wheel; Debian's libb64-0d) drives ferry serve
 # in tests/e2e/test_perf_analyzer.py.
 echo "==> perf_analyzer"

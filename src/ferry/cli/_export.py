@@ -1,4 +1,5 @@
-"""``ferry export``: a model for phones and edge devices (.tflite or ONNX Runtime Mobile), verified."""
+"""``ferry export``: a model for phones and edge devices (.tflite or ONNX Runtime Mobile) or for
+the browser (a web bundle on onnxruntime-web), verified."""
 
 from __future__ import annotations
 
@@ -19,17 +20,19 @@ EXIT_REFUSED = 3
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option(
     "--target",
-    type=click.Choice(["tflite", "ort-mobile"]),
+    type=click.Choice(["tflite", "ort-mobile", "web"]),
     required=True,
     help="tflite: a .tflite file of TFLite builtin ops (LiteRT, XNNPACK, GPU/NNAPI delegates). "
-    "ort-mobile: a folder with the .ort file and the op config of a minimal ONNX Runtime build.",
+    "ort-mobile: a folder with the .ort file and the op config of a minimal ONNX Runtime build. "
+    "web: a folder a static host serves, the model running in the page on onnxruntime-web "
+    "(needs Node.js and npm).",
 )
 @click.option(
     "-o",
     "--output",
     required=True,
     type=click.Path(path_type=Path),
-    help="The .tflite file (tflite) or the folder (ort-mobile) to write.",
+    help="The .tflite file (tflite) or the folder (ort-mobile, web) to write.",
 )
 @click.option(
     "--precision",
@@ -68,6 +71,12 @@ EXIT_REFUSED = 3
     "model; a failure writes nothing.",
 )
 @click.option(
+    "--force",
+    is_flag=True,
+    help="web only: replace the output folder even when it holds files that are not an earlier "
+    "ferry web bundle.",
+)
+@click.option(
     "--report",
     type=click.Path(dir_okay=False),
     help="Write the report as JSON ('-': stdout).",
@@ -81,6 +90,7 @@ def command(
     shapes: tuple[str, ...],
     input_files: tuple[str, ...],
     verify: bool,
+    force: bool,
     report: str | None,
 ) -> None:
     """Export MODEL for a phone or an edge device and verify it there.
@@ -98,6 +108,7 @@ def command(
       ferry export ocr.onnx --target tflite -o ocr.tflite --shape x=1,3,48,320
       ferry export model.int8.onnx --target tflite -o model.int8.tflite --precision int8
       ferry export model.onnx --target ort-mobile -o mobile/
+      ferry export model.onnx --target web -o site/      # then: ferry serve --web site/
     """
     from ferry.runtime import load_npy, parse_shape
 
@@ -105,7 +116,20 @@ def command(
     inputs = {k: load_npy(v, k) for k, v in split_pairs(input_files, "--input").items()}
     quiet = report == "-"
     result: Any
-    if target == "ort-mobile":
+    if force and target != "web":
+        raise InvalidInputError("--force applies to --target web")
+    if target == "web":
+        if precision is not None or nhwc_io:
+            raise InvalidInputError(
+                "--precision and --nhwc-io apply to --target tflite; a web export keeps the "
+                "model's own types and layout (quantize it first for int8)"
+            )
+        from ferry.web import export_web
+
+        result = export_web(
+            model, output, force=force, verify=verify, samples=inputs or None, shapes=sizes or None
+        )
+    elif target == "ort-mobile":
         if precision is not None or nhwc_io:
             raise InvalidInputError(
                 "--precision and --nhwc-io apply to --target tflite; an ort-mobile export keeps "

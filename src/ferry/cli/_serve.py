@@ -94,6 +94,15 @@ from ferry.serving import DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
     metavar="NAME",
     help="A model to load at start in --explicit mode (repeatable).",
 )
+@click.option(
+    "--web",
+    "web",
+    multiple=True,
+    metavar="[NAME=]DIR",
+    help="Also serve this web bundle (ferry export --target web) at /web/NAME/ (default NAME: "
+    "the folder's name; a folder of bundles mounts each). Bundles of served models "
+    "(REPO/<model>/web/, or SOURCE itself) are served without it.",
+)
 def command(
     source: Path,
     host: str,
@@ -108,6 +117,7 @@ def command(
     strict_readiness: bool,
     explicit: bool,
     load_names: tuple[str, ...],
+    web: tuple[str, ...],
 ) -> None:
     """Serve SOURCE (a model repository, an .onnx file or an artifact folder) over HTTP.
 
@@ -122,6 +132,7 @@ def command(
       ferry serve models/ --port 8000 --poll 5
       ferry serve models/ --backends openvino --precision bf16
       ferry serve models/ --explicit --load mlp --api-key "$KEY"
+      ferry serve site/                   # a web bundle: its page at /web/site/
     """
     from ferry.errors import FerryError
     from ferry.serving import ServerThread, create_app, sigterm_interrupts
@@ -137,6 +148,7 @@ def command(
         explicit=explicit,
         load=list(load_names) or None,
         strict_readiness=strict_readiness,
+        web=list(web),
     )
     state = app.state.ferry
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
@@ -159,6 +171,7 @@ def command(
                 raise FerryError(f"no model could be loaded ({reasons or 'nothing to serve'})")
             console.print(f"serving on [bold]{escape(server.url)}[/] (KServe v2; Ctrl-C to stop)")
             _print_models(rows)
+            _print_web(server.url, app.state.ferry_web, [r["name"] for r in rows])
             server.wait(
                 lambda: console.print("draining in-flight requests (Ctrl-C again to stop at once)")
             )
@@ -186,6 +199,15 @@ def _exit_now(code: int) -> None:
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(code)
+
+
+def _print_web(url: str, bundles: object, names: list[str]) -> None:
+    find = getattr(bundles, "find", None)
+    mounted = getattr(bundles, "mounts", {})
+    shown = dict.fromkeys([*mounted, *names])
+    for name in shown:
+        if find is not None and find(name) is not None:
+            console.print(f"web page: [bold]{escape(url)}/web/{escape(name)}/[/]")
 
 
 def _print_models(rows: list[dict[str, str]]) -> None:

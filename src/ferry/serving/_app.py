@@ -43,6 +43,7 @@ from ferry.serving._http import (
 )
 from ferry.serving._metrics import Metrics
 from ferry.serving._repository import ModelNotFoundError, ModelNotReadyError, ModelRepository
+from ferry.serving._web import WebBundles, parse_web_mounts
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -152,6 +153,7 @@ def create_app(
     load: Sequence[str] | None = None,
     warmup: bool = True,
     strict_readiness: bool = True,
+    web: Mapping[str, str | os.PathLike[str]] | Sequence[str | os.PathLike[str]] | None = None,
 ) -> Starlette:
     """The ASGI app serving a model repository, a model file or an artifact folder.
 
@@ -176,6 +178,10 @@ def create_app(
             fails does not load).
         strict_readiness: ``/v2/health/ready`` answers ready only while every model that should
             be loaded is READY (Triton's default); False: once the server is up.
+        web: web bundles (``ferry export --target web``) to serve at ``/web/<name>/``:
+            ``{name: folder}``, or ``[NAME=]DIR`` items (a bundle, or a folder of bundles).
+            Bundles of served models (``REPO/<model>/web/``, or an artifact folder that is a
+            bundle) are served without it (see :mod:`ferry.serving._web`).
 
     Raises:
         ModelLoadError: the source does not exist or is not a model, artifact or repository.
@@ -211,6 +217,13 @@ def create_app(
     )
     state = ServingState(repository, metrics, api_key=api_key, max_request_bytes=max_request_bytes)
     state.strict_readiness = strict_readiness
+    if isinstance(web, (str, os.PathLike)):
+        web = [web]
+    if isinstance(web, Mapping):
+        mounts = parse_web_mounts(f"{k}={os.fspath(v)}" for k, v in web.items())
+    else:
+        mounts = parse_web_mounts(web or [])
+    bundles = WebBundles(repository, mounts)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -247,6 +260,8 @@ def create_app(
         Route("/v2/repository/models/{model}/load", _endpoint(_load), methods=["POST"]),
         Route("/v2/repository/models/{model}/unload", _endpoint(_unload), methods=["POST"]),
         Route("/metrics", _endpoint(_metrics), methods=["GET"]),
+        Route("/web/{model}", bundles.endpoint, methods=["GET", "HEAD"]),
+        Route("/web/{model}/{path:path}", bundles.endpoint, methods=["GET", "HEAD"]),
     ]
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -266,6 +281,7 @@ def create_app(
 
     app = FerryApp(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
     app.state.ferry = state
+    app.state.ferry_web = bundles
     return app
 
 
