@@ -234,8 +234,21 @@ def save_model(
     if external_data is None:
         external_data = _has_external_data(model) or _param_bytes(model) > _EXTERNAL_DATA_THRESHOLD
     if not external_data:
-        with atomic_path(path) as tmp:
-            ir.save(model, tmp)
+        # Weights another file holds are read in, so the file written stands alone (saved as
+        # they are, they would still point at the other file, relative to the new one).
+        swapped = [
+            (v, v.const_value)
+            for v in _initializers(model)
+            if isinstance(v.const_value, ir.ExternalTensor)
+        ]
+        try:
+            for value, tensor in swapped:
+                value.const_value = ir.Tensor(tensor.numpy(), name=tensor.name)
+            with atomic_path(path) as tmp:
+                ir.save(model, tmp)
+        finally:
+            for value, tensor in swapped:
+                value.const_value = tensor
         return path
     # The model names its data file, so both are written under a temporary folder with their final
     # names and then renamed into place: data first, so the new model never points at old data.

@@ -170,3 +170,21 @@ def test_saved_files_get_normal_permissions(tmp_path: Path, mlp_path: Path) -> N
     finally:
         os.umask(umask)
     assert out.stat().st_mode & 0o777 == 0o644
+
+
+def test_save_without_external_data_stands_alone(tmp_path: Path) -> None:
+    # external_data=False must read the other file's weights in: saved as they were, the new
+    # file would still point at src.onnx.data, relative to wherever it is written.
+    src = models.save_external(models.mlp(), tmp_path / "src.onnx")
+    model = load_model(src)
+    (tmp_path / "elsewhere").mkdir()
+    out = save_model(model, tmp_path / "elsewhere" / "inline.onnx", external_data=False)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["inline.onnx"]
+    (tmp_path / "src.onnx.data").unlink()
+    again = load_model(out)
+    assert not any(
+        isinstance(v.const_value, ir.ExternalTensor) for v in again.graph.initializers.values()
+    )
+    assert again.graph.initializers["w1"].const_value.numpy().shape == (8, 16)
+    # The model given keeps its external references.
+    assert isinstance(model.graph.initializers["w1"].const_value, ir.ExternalTensor)
