@@ -10,15 +10,25 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
+import os
+import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import onnx_ir as ir
 
 from ferry.errors import InvalidInputError
 
-__all__ = ["COMMON_OPTIONS", "BackendBase", "check_options", "model_source"]
+__all__ = [
+    "COMMON_OPTIONS",
+    "BackendBase",
+    "check_options",
+    "exchangeable",
+    "model_source",
+    "native_stderr_to_log",
+]
 
 #: Options every backend takes: ``threads`` (intra-op threads) and ``precision`` (one of its
 #: ``precisions``).
@@ -129,3 +139,52 @@ def check_options(backend: object, options: Mapping[str, object]) -> None:
         raise InvalidInputError(
             f"{name}: precision {precision!r} is not offered; choose one of {', '.join(offered)}"
         )
+
+
+@contextlib.contextmanager
+def native_stderr_to_log(log: logging.Logger) -> Iterator[None]:
+    """Send what native code writes to stderr meanwhile to ``log`` at DEBUG.
+
+    LiteRT's C++ logger prints ``INFO: Created TensorFlow Lite XNNPACK delegate for CPU.`` on the
+    process's stderr when it first prepares a model, and TensorFlow's prints oneDNN notices when
+    it is imported, whatever ``TF_CPP_MIN_LOG_LEVEL`` says; on a user's terminal they would stand
+    next to ferry's own output. It swaps the process's stderr (file descriptor 2) while it lasts,
+    as conversions are one-off jobs, not served requests.
+    """
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no usable stderr (closed, or not a file descriptor)
+        yield
+        return
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            for line in sink.read().decode("utf-8", "replace").splitlines():
+                if line.strip():
+                    log.debug("native: %s", line)
+
+
+def exchangeable(types: frozenset[str], cannot: str) -> Callable[[ir.Node], bool | str]:
+    """A rule check: every input and output of the node a tensor whose element type is one of
+    ``types``; else why not, ending ``"..., which {cannot}"`` (e.g. "OpenVINO does not compute
+    exactly")."""
+    from ferry.graph import dtype_name
+
+    def check(node: ir.Node) -> bool | str:
+        for kind, values in (("input", node.inputs), ("output", node.outputs)):
+            for i, value in enumerate(values):
+                if value is None:
+                    continue
+                if not isinstance(value.type, (ir.TensorType, type(None))):
+                    return f"{kind} {i} is a {value.type}, not a tensor"
+                if value.dtype is not None and dtype_name(value.dtype) not in types:
+                    return f"{kind} {i} has dtype {dtype_name(value.dtype)}, which {cannot}"
+        return True
+
+    return check

@@ -27,8 +27,6 @@ import functools
 import importlib.metadata
 import logging
 import os
-import sys
-import tempfile
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -37,7 +35,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ferry.backends._api import CompileSpec
-from ferry.backends._base import BackendBase
+from ferry.backends._base import BackendBase, exchangeable, native_stderr_to_log
 from ferry.backends._rules import OpRule
 from ferry.errors import (
     BackendUnavailableError,
@@ -56,7 +54,7 @@ from ferry.formats._tflite_lowering import (
     prepare_static,
     static_inputs,
 )
-from ferry.graph import dtype_name, graph_inputs, shape_of
+from ferry.graph import graph_inputs, shape_of
 
 __all__ = ["EXCHANGEABLE", "MAX_VARIANTS", "LiteRTBackend", "LiteRTPartition"]
 
@@ -421,18 +419,7 @@ def _lowering_problems(model: ir.Model) -> dict[str, str]:
     return node_problems(work, "int8" if is_qdq(model) else "fp32")
 
 
-def _exchangeable(node: ir.Node) -> bool | str:
-    """Every input and output a tensor of a type LiteRT exchanges and computes."""
-    for kind, values in (("input", node.inputs), ("output", node.outputs)):
-        for i, value in enumerate(values):
-            if value is None:
-                continue
-            if not isinstance(value.type, (ir.TensorType, type(None))):
-                return f"{kind} {i} is a {value.type}, not a tensor"
-            if value.dtype is not None and dtype_name(value.dtype) not in EXCHANGEABLE:
-                name = dtype_name(value.dtype)
-                return f"{kind} {i} has dtype {name}, which the TFLite lowering does not compute"
-    return True
+_exchangeable = exchangeable(frozenset(EXCHANGEABLE), "the TFLite lowering does not compute")
 
 
 @functools.cache
@@ -470,23 +457,10 @@ def _native_stderr_quiet() -> Iterator[None]:
             yield
             return
         try:
-            sys.stderr.flush()
-            saved = os.dup(2)
-        except (OSError, ValueError):  # no usable stderr (closed, or not a file descriptor)
-            yield
-            return
-        with tempfile.TemporaryFile() as sink:
-            os.dup2(sink.fileno(), 2)
-            try:
+            with native_stderr_to_log(logger):
                 yield
-            finally:
-                os.dup2(saved, 2)
-                os.close(saved)
-                _quieted = True
-                sink.seek(0)
-                for line in sink.read().decode("utf-8", "replace").splitlines():
-                    if line.strip():
-                        logger.debug("LiteRT: %s", line)
+        finally:
+            _quieted = True
 
 
 def _first_line(e: BaseException) -> str:

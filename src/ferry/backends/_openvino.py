@@ -28,7 +28,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ferry.backends._api import CompileSpec
-from ferry.backends._base import BackendBase, model_source
+from ferry.backends._base import BackendBase, exchangeable, model_source
 from ferry.backends._rules import OpRule, RuleTable, all_checks
 from ferry.errors import ExecutionError, InvalidInputError, ModelLoadError, PlanError
 from ferry.graph import dtype_name
@@ -396,18 +396,7 @@ def _known_problems() -> RuleTable:
     return RuleTable(rules, fallback=_engine_decides(problems))
 
 
-def _exchangeable(node: ir.Node) -> bool | str:
-    """Every input and output a tensor whose element type OpenVINO computes exactly."""
-    for kind, values in (("input", node.inputs), ("output", node.outputs)):
-        for i, value in enumerate(values):
-            if value is None:
-                continue
-            if not isinstance(value.type, (ir.TensorType, type(None))):
-                return f"{kind} {i} is a {value.type}, not a tensor"
-            if value.dtype is not None and dtype_name(value.dtype) not in _EXCHANGEABLE:
-                name = dtype_name(value.dtype)
-                return f"{kind} {i} has dtype {name}, which OpenVINO does not compute exactly"
-    return True
+_exchangeable = exchangeable(_EXCHANGEABLE, "OpenVINO does not compute exactly")
 
 
 def _ceil_windows_inside(node: ir.Node) -> bool | str:

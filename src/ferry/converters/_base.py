@@ -12,19 +12,15 @@ is reported in one way.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import logging
-import os
 import re
-import sys
-import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from ferry.backends._base import native_stderr_to_log
 from ferry.errors import InvalidInputError
 
 if TYPE_CHECKING:
@@ -319,32 +315,3 @@ def list_ops(
 def describe_feeds(feeds: Mapping[str, Any]) -> str:
     """``name: dtype[shape]`` for each input, for messages about a run that failed."""
     return ", ".join(f"{k}: {np.asarray(v).dtype}{list(np.shape(v))}" for k, v in feeds.items())
-
-
-@contextlib.contextmanager
-def native_stderr_to_log(log: logging.Logger) -> Iterator[None]:
-    """Send what native code writes to stderr meanwhile to ``log`` at DEBUG.
-
-    LiteRT's C++ logger prints ``INFO: Created TensorFlow Lite XNNPACK delegate for CPU.`` on the
-    process's stderr when it first prepares a model, and TensorFlow's prints oneDNN notices when
-    it is imported, whatever ``TF_CPP_MIN_LOG_LEVEL`` says; on a user's terminal they would stand
-    next to ferry's own output. It swaps the process's stderr (file descriptor 2) while it lasts,
-    as conversions are one-off jobs, not served requests.
-    """
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError):  # no usable stderr (closed, or not a file descriptor)
-        yield
-        return
-    with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            sink.seek(0)
-            for line in sink.read().decode("utf-8", "replace").splitlines():
-                if line.strip():
-                    log.debug("native: %s", line)
