@@ -298,9 +298,7 @@ def compress(
         raise InvalidInputError("the recipe has no stages")
     least = 1.0 - budget_fraction(budget)
     spec = metric_spec(metric, least)
-    original = load_model(model) if not isinstance(model, ir.Model) else model
-    if isinstance(model, onnx.ModelProto):
-        original = ir.from_proto(model)
+    original = load_model(model)  # a path, an artifact, an ir.Model (as is) or a ModelProto
     reference = load(original)
     samples = load_samples(data, reference.inputs, preprocessing=preprocessing)
     want = [reference.run(dict(feed)) for feed in samples.held_back]
