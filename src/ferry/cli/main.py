@@ -92,6 +92,7 @@ def _register() -> None:
         "bench",
         "agent",
         "serve",
+        "deploy",
     ):
         cli.add_command(importlib.import_module(f"ferry.cli._{name}").command)
 

@@ -9,7 +9,10 @@ version, the compile options and the partition's input specs. It lives in
 sha256 to catch a damaged file).
 
 Entries are written into a temporary folder and renamed into place, so a reader never sees half an
-entry and two processes compiling the same partition at once both end up with one good entry. A
+entry. A process about to compile a partition the cache lacks holds a lock on its key (an advisory
+file lock, ``engines/.lock-<key>``): another process, or another Ray Serve replica on the node,
+wanting the same engine waits for it and then loads the stored entry, so an engine is compiled
+once per machine, not once per process. A
 damaged entry (unreadable meta, a blob of the wrong size or hash, or one the backend fails to load)
 is discarded and rebuilt. The cache keeps under a size cap (``FERRY_CACHE_MAX_BYTES``, default
 20 GiB) by evicting the least recently used entries. Backends that compile in-process from the
@@ -63,6 +66,7 @@ DEFAULT_MAX_BYTES = 20 << 30
 _BLOB = "engine.bin"
 _META = "meta.json"
 _TMP_PREFIX = ".tmp-"
+_LOCK_PREFIX = ".lock-"
 # A temporary folder this old belongs to a writer that died; anything younger may still be written.
 _STALE_TMP_S = 3600.0
 _CHUNK = 8 << 20
@@ -198,6 +202,32 @@ class EngineCache:
             shutil.rmtree(tmp, ignore_errors=True)
         self.evict(keep=key)
         return entry
+
+    @contextlib.contextmanager
+    def building(self, key: str) -> Iterator[None]:
+        """Hold the lock on ``key`` while its engine is built (blocks while another holds it).
+
+        Where file locks are missing (not POSIX) or the lock file cannot be made (a read-only
+        cache), nothing is held: two builders then both compile, and one entry still results.
+        """
+        try:
+            import fcntl
+        except ImportError:  # Windows
+            yield
+            return
+        lock = self.engines / f"{_LOCK_PREFIX}{self.path(key).name}"
+        try:
+            self.engines.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            logger.debug("engine cache: no lock for %s (%s)", key[:12], e)
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock; the file stays for the next builder
 
     def discard(self, key: str) -> None:
         """Remove ``key``'s entry, if any."""
@@ -441,42 +471,54 @@ def compile_partition(
     started = time.perf_counter()
     key = engine_key(backend, spec)
     hashed = time.perf_counter() - started
-    blob = cache.get(key)
-    if blob is not None:
-        try:
-            compiled = backend.load(blob, spec)
-        except Exception as e:  # any engine's own error type: the blob is useless either way
-            logger.warning(
-                "engine cache: %s could not load its cached engine %s (%s); recompiling",
-                backend.name,
-                key[:12],
-                e,
-            )
-            cache.discard(key)
-        else:
-            logger.debug(
-                "engine cache: loaded %s from %s (hashing took %.3fs)",
-                backend.name,
-                key[:12],
-                hashed,
-            )
+    compiled = _load_cached(backend, spec, cache, key, hashed)
+    if compiled is not None:
+        return compiled, "loaded"
+    with cache.building(key):
+        # Whoever held the lock before us may have stored this very engine meanwhile.
+        compiled = _load_cached(backend, spec, cache, key, hashed)
+        if compiled is not None:
             return compiled, "loaded"
-    compiled = backend.compile(spec)
-    blob = compiled.serialize()
-    if not blob:
-        _EMPTY_BLOB_BACKENDS.add((backend.name, backend.version))
-        return compiled, "uncached"
-    cache.put(
-        key,
-        blob,
-        {
-            "backend": backend.name,
-            "backend_version": backend.version,
-            "device": getattr(backend, "device", ""),
-            "nodes": len(spec.partition.nodes),
-            "options": _jsonable(dict(spec.options)),
-            "inputs": [_value_spec(v) for v in spec.model.graph.inputs],
-        },
-    )
+        compiled = backend.compile(spec)
+        blob = compiled.serialize()
+        if not blob:
+            _EMPTY_BLOB_BACKENDS.add((backend.name, backend.version))
+            return compiled, "uncached"
+        cache.put(
+            key,
+            blob,
+            {
+                "backend": backend.name,
+                "backend_version": backend.version,
+                "device": getattr(backend, "device", ""),
+                "nodes": len(spec.partition.nodes),
+                "options": _jsonable(dict(spec.options)),
+                "inputs": [_value_spec(v) for v in spec.model.graph.inputs],
+            },
+        )
     logger.debug("engine cache: stored %s engine as %s", backend.name, key[:12])
     return compiled, "compiled"
+
+
+def _load_cached(
+    backend: Backend, spec: CompileSpec, cache: EngineCache, key: str, hashed: float
+) -> CompiledPartition | None:
+    """The engine stored under ``key``, or None (none stored, or it does not load: discarded)."""
+    blob = cache.get(key)
+    if blob is None:
+        return None
+    try:
+        compiled = backend.load(blob, spec)
+    except Exception as e:  # any engine's own error type: the blob is useless either way
+        logger.warning(
+            "engine cache: %s could not load its cached engine %s (%s); recompiling",
+            backend.name,
+            key[:12],
+            e,
+        )
+        cache.discard(key)
+        return None
+    logger.debug(
+        "engine cache: loaded %s from %s (hashing took %.3fs)", backend.name, key[:12], hashed
+    )
+    return compiled

@@ -31,7 +31,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from typing import TYPE_CHECKING, Any
 
 from ferry._version import __version__
-from ferry.errors import BackendUnavailableError, ExecutionError, FerryError, InvalidInputError
+from ferry.errors import (
+    BackendUnavailableError,
+    ExecutionError,
+    FerryError,
+    InvalidInputError,
+    ModelLoadError,
+)
 from ferry.serving._codec import decode_request, encode_response
 from ferry.serving._config import triton_config
 from ferry.serving._http import (
@@ -130,6 +136,29 @@ class ServingState:
         future = asyncio.run_coroutine_threadsafe(self.repository.index(engines=engines), self.loop)
         return future.result(timeout)
 
+    async def start(self, wait: bool = False) -> None:
+        """Start loading the start-up models, once (the app's lifespan calls it).
+
+        With ``wait``, return once they have been tried, and raise when one is not READY: for
+        hosts that route to an app as soon as it has started, and must not (a Ray Serve
+        replica, which calls it before the lifespan does).
+
+        Raises:
+            ModelLoadError: with ``wait``, the models that did not load and why.
+        """
+        if self._startup is None:
+            self.loop = asyncio.get_running_loop()
+            self._startup = self.loop.create_task(self._start())
+        if not wait:
+            return
+        await asyncio.shield(self._startup)
+        unready = self.repository.unready()
+        if self.startup_error is not None or unready:
+            await self.repository.stop()
+            raise ModelLoadError(
+                "; ".join(unready) or f"the models failed to start: {self.startup_error}"
+            )
+
     async def _start(self) -> None:
         try:
             await self.repository.start()
@@ -154,6 +183,8 @@ def create_app(
     warmup: bool = True,
     strict_readiness: bool = True,
     web: Mapping[str, str | os.PathLike[str]] | Sequence[str | os.PathLike[str]] | None = None,
+    batcher: Callable[..., Any] | None = None,
+    threads: int | None = None,
 ) -> Starlette:
     """The ASGI app serving a model repository, a model file or an artifact folder.
 
@@ -182,6 +213,10 @@ def create_app(
             ``{name: folder}``, or ``[NAME=]DIR`` items (a bundle, or a folder of bundles).
             Bundles of served models (``REPO/<model>/web/``, or an artifact folder that is a
             bundle) are served without it (see :mod:`ferry.serving._web`).
+        batcher: makes each batching version's batcher (default the dynamic batcher; Ray
+            Serve's deployment gives one on ``@serve.batch``).
+        threads: engine threads per model instance, one instance per version unless its config
+            says (a Ray Serve replica's share); None: the machine's cores shared out.
 
     Raises:
         ModelLoadError: the source does not exist or is not a model, artifact or repository.
@@ -214,6 +249,8 @@ def create_app(
         load=load,
         warmup=warmup,
         metrics=metrics,
+        batcher=batcher,
+        threads=threads,
     )
     state = ServingState(repository, metrics, api_key=api_key, max_request_bytes=max_request_bytes)
     state.strict_readiness = strict_readiness
@@ -227,13 +264,12 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        state.loop = asyncio.get_running_loop()
-        state._startup = state.loop.create_task(state._start())
+        await state.start()
         try:
             yield
         finally:
             state.draining = True
-            if not state._startup.done():
+            if state._startup is not None and not state._startup.done():
                 state._startup.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await state._startup

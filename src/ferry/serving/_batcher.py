@@ -39,6 +39,8 @@ __all__ = [
     "DynamicBatcher",
     "Execution",
     "ExecutionRecord",
+    "QueuedRequest",
+    "execute_batch",
     "run_items",
 ]
 
@@ -193,8 +195,26 @@ def _one_by_one(
     return Execution(results, start, infer_ns, records)
 
 
-class _Item:
-    __slots__ = ("arrival_ns", "feeds", "future", "key", "outputs", "size")
+class QueuedRequest:
+    """One request waiting to be batched: its inputs, the outputs it wants and its rows."""
+
+    __slots__ = ("arrival_ns", "feeds", "key", "outputs", "size")
+
+    def __init__(
+        self, feeds: dict[str, np.ndarray], outputs: tuple[str, ...] | None, size: int
+    ) -> None:
+        self.feeds = feeds
+        self.outputs = outputs
+        self.size = size
+        self.arrival_ns = time.perf_counter_ns()
+        # Requests batch together only when everything but the batch dim agrees.
+        self.key = tuple((name, a.dtype, a.shape[1:]) for name, a in feeds.items())
+
+
+class _Item(QueuedRequest):
+    """A request in the dynamic batcher's queue, with the future its caller awaits."""
+
+    __slots__ = ("future",)
 
     def __init__(
         self,
@@ -203,13 +223,45 @@ class _Item:
         size: int,
         future: asyncio.Future[BatchOutcome],
     ) -> None:
-        self.feeds = feeds
-        self.outputs = outputs
-        self.size = size
+        super().__init__(feeds, outputs, size)
         self.future = future
-        self.arrival_ns = time.perf_counter_ns()
-        # Requests batch together only when everything but the batch dim agrees.
-        self.key = tuple((name, a.dtype, a.shape[1:]) for name, a in feeds.items())
+
+
+async def execute_batch(
+    instance: Any,
+    batch: Sequence[QueuedRequest],
+    on_execution: Callable[[ExecutionRecord], None] | None = None,
+) -> list[BatchOutcome | BaseException]:
+    """Run requests of one key as one batch on ``instance``'s thread; an outcome or the error
+    for each request, in order. The caller holds the instance, and releases it."""
+    if any(item.outputs is None for item in batch):
+        outputs: list[str] | None = None
+    else:
+        outputs = list(dict.fromkeys(n for item in batch for n in item.outputs or ()))
+    try:
+        execution = await asyncio.get_running_loop().run_in_executor(
+            instance.executor,
+            run_items,
+            instance.session,
+            [item.feeds for item in batch],
+            [item.size for item in batch],
+            outputs,
+            [item.outputs for item in batch],
+        )
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # the executor is gone (shut down): nothing ran
+        return [e] * len(batch)
+    if on_execution is not None:
+        for record in execution.records:
+            on_execution(record)
+    total = sum(item.size for item in batch)
+    return [
+        result
+        if isinstance(result, BaseException)
+        else BatchOutcome(result, execution.start_ns - item.arrival_ns, execution.infer_ns, total)
+        for item, result in zip(batch, execution.results)
+    ]
 
 
 class DynamicBatcher:
@@ -431,44 +483,20 @@ class DynamicBatcher:
         return chosen, total, False
 
     async def _execute(self, instance: Any, batch: list[_Item]) -> None:
-        loop = asyncio.get_running_loop()
         try:
-            if any(item.outputs is None for item in batch):
-                outputs: list[str] | None = None
-            else:
-                outputs = list(dict.fromkeys(n for item in batch for n in item.outputs or ()))
-            execution = await loop.run_in_executor(
-                instance.executor,
-                run_items,
-                instance.session,
-                [item.feeds for item in batch],
-                [item.size for item in batch],
-                outputs,
-                [item.outputs for item in batch],
-            )
+            results = await execute_batch(instance, batch, self._on_execution)
         except asyncio.CancelledError:
             _fail(batch, RuntimeError("the model was unloaded before this request ran"))
             raise
-        except Exception as e:  # the executor is gone (shut down): nothing ran
-            _fail(batch, e)
-            return
         finally:
             self._pool.release(instance)
-        total = sum(item.size for item in batch)
-        for item, result in zip(batch, execution.results):
+        for item, result in zip(batch, results):
             if item.future.done():  # the caller went away
                 continue
             if isinstance(result, BaseException):
                 item.future.set_exception(result)
             else:
-                item.future.set_result(
-                    BatchOutcome(
-                        result, execution.start_ns - item.arrival_ns, execution.infer_ns, total
-                    )
-                )
-        if self._on_execution is not None:
-            for record in execution.records:
-                self._on_execution(record)
+                item.future.set_result(result)
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:

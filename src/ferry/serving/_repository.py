@@ -33,7 +33,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -211,6 +211,9 @@ class ModelRepository:
         load: models to load at start in explicit mode.
         warmup: run each instance once before a version reports ready.
         metrics: where the versions' metrics go.
+        batcher: makes each batching version's batcher (see :class:`ModelVersion`).
+        threads: engine threads per instance, one instance per version unless its config says
+            (see :func:`load_version`); None: the cores shared out.
 
     Raises:
         ModelLoadError: the source does not exist or is not a model, artifact or repository.
@@ -229,6 +232,8 @@ class ModelRepository:
         load: Sequence[str] | None = None,
         warmup: bool = True,
         metrics: Metrics | None = None,
+        batcher: Callable[..., Any] | None = None,
+        threads: int | None = None,
     ) -> None:
         path = Path(source)
         if precision is not None:
@@ -250,6 +255,10 @@ class ModelRepository:
         self.poll_interval = poll_interval
         self.explicit = explicit
         self.warmup = warmup
+        self.batcher = batcher
+        if threads is not None and (type(threads) is not int or threads < 1):
+            raise InvalidInputError(f"threads must be a positive integer, got {threads!r}")
+        self.threads = threads
         self.metrics = metrics
         self.source = path
         self.root: Path | None = None
@@ -695,6 +704,7 @@ class ModelRepository:
                     precision=self.precision,
                     optimize=self.optimize,
                     warmup=self.warmup,
+                    threads=self.threads,
                 )
             )
         except FerryError as e:
@@ -708,7 +718,7 @@ class ModelRepository:
             return f"internal error: {type(e).__name__}: {e}"
         recorder = VersionRecorder(self.metrics, name, str(files.version))
         kind = DeclaredVersion if config.inputs or config.outputs else ModelVersion
-        version = kind(name, files.version, loaded, recorder, config)
+        version = kind(name, files.version, loaded, recorder, config, self.batcher)
         version.start()
         logger.info("model %r version %d is ready", name, files.version)
         return version

@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -150,12 +150,15 @@ def load_version(
     optimize: str | None = None,
     warmup: bool = True,
     cores: int | None = None,
+    threads: int | None = None,
 ) -> LoadedModel:
     """Load ``instance_count`` sessions of a model version, check its config, and warm it up.
 
     Blocking: call it on a loader thread. ``backends``, ``precision`` and ``optimize`` are the
     server's, for a config that names none. An optimization that is refused (it computes
-    something else or runs slower) leaves the model as it is, with a warning.
+    something else or runs slower) leaves the model as it is, with a warning. ``threads``: the
+    engine threads of each instance, and one instance unless the config says how many (a Ray
+    Serve replica's share); None: the cores shared out (:func:`engine_threads`).
 
     Raises:
         FerryError: the model cannot be loaded, a backend is missing, the config does not fit,
@@ -172,11 +175,15 @@ def load_version(
         from ferry.optimizer import optimized_for_load
 
         source = optimized_for_load(model_file, level, backends=names)
-    threads = engine_threads(config.instance_count or 1, cores)
+    fixed = threads is not None
+    if threads is None:
+        threads = engine_threads(config.instance_count or 1, cores)
     first = load(source, backends=names, threads=threads, precision=precision)
     resolved = resolve_config(config, name, first.inputs, first.outputs)
     # Left to ferry, a compute-bound model gets two instances and every core (module doc).
-    decide = config.instance_count is None and warmup and (cores or available_cores()) > 1
+    decide = (
+        not fixed and config.instance_count is None and warmup and (cores or available_cores()) > 1
+    )
     if decide and _call_seconds(first, resolved) >= HEAVY_CALL_S:
         resolved = dataclasses.replace(resolved, instance_count=2)
         threads = max(1, (cores or available_cores()) // 2)
@@ -344,6 +351,9 @@ class ModelVersion:
         loaded: what :func:`load_version` gave.
         recorder: where its statistics and metrics go.
         config: the config it was loaded with (for ``/config``).
+        batcher: makes the batcher when the config batches (default :class:`DynamicBatcher`;
+            Ray Serve's deployment gives one on ``@serve.batch``), called with the pool and
+            :class:`DynamicBatcher`'s keyword arguments.
     """
 
     def __init__(
@@ -353,6 +363,7 @@ class ModelVersion:
         loaded: LoadedModel,
         recorder: VersionRecorder,
         config: ModelConfig,
+        batcher: Callable[..., Any] | None = None,
     ) -> None:
         self.name = name
         self.version = version
@@ -380,9 +391,9 @@ class ModelVersion:
                 for i, session in enumerate(loaded.sessions)
             ]
         )
-        self.batcher: DynamicBatcher | None = None
+        self.batcher: Any = None
         if self.resolved.dynamic_batching:
-            self.batcher = DynamicBatcher(
+            self.batcher = (batcher or DynamicBatcher)(
                 self.pool,
                 max_batch_size=self.resolved.max_batch_size,
                 max_queue_delay_us=self.resolved.max_queue_delay_us,

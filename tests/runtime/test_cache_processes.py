@@ -1,0 +1,82 @@
+"""The engine cache shared by processes: four processes loading one model at once on OpenVINO
+compile it once (the others wait on the key's lock and load the stored engine), and leave one
+complete entry. Ray Serve replicas on one node share the cache this way."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import models
+
+pytest.importorskip("openvino")
+pytestmark = pytest.mark.openvino
+
+WORKER = textwrap.dedent(
+    """
+    import json, sys, time
+    from pathlib import Path
+    import numpy as np
+    import ferry
+    from ferry.backends import get_backend
+
+    model, cache, start, out = sys.argv[1:]
+    get_backend("openvino")  # imported before the start line, so that the loads overlap
+    while time.time() < float(start):  # all four begin together
+        time.sleep(0.001)
+    session = ferry.load(model, backends="openvino", cache_dir=cache)
+    x = np.random.default_rng(0).standard_normal((2, 16)).astype(np.float32)
+    y = session.run({"x": x})
+    Path(out).write_text(json.dumps({
+        "origins": session.engine_origins,
+        "y": {k: v.tolist() for k, v in y.items()},
+    }))
+    """
+)
+
+
+def test_four_processes_compile_once_and_share_one_entry(tmp_path: Path) -> None:
+    model = tmp_path / "mlp.onnx"
+    onnx.save(models.mlp(), model)
+    cache = tmp_path / "cache"
+    start = time.time() + 6.0  # after the four interpreters have imported ferry and OpenVINO
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                WORKER,
+                str(model),
+                str(cache),
+                str(start),
+                str(tmp_path / f"{i}.json"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(4)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err[-2000:]
+    results = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(4)]
+    origins = sorted(o for r in results for o in r["origins"])
+    assert origins == ["compiled", "loaded", "loaded", "loaded"], origins
+    entries = [p for p in (cache / "engines").iterdir() if len(p.name) == 64]
+    assert len(entries) == 1
+    assert sorted(f.name for f in entries[0].iterdir()) == ["engine.bin", "meta.json"]
+    leftovers = [p.name for p in (cache / "engines").iterdir() if p.name.startswith(".tmp-")]
+    assert leftovers == []
+    first = results[0]["y"]
+    for other in results[1:]:
+        for name, value in first.items():
+            np.testing.assert_array_equal(np.array(other["y"][name]), np.array(value))
