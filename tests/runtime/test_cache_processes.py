@@ -80,3 +80,84 @@ def test_four_processes_compile_once_and_share_one_entry(tmp_path: Path) -> None
     for other in results[1:]:
         for name, value in first.items():
             np.testing.assert_array_equal(np.array(other["y"][name]), np.array(value))
+
+
+def test_eviction_passes_over_an_entry_being_read(tmp_path: Path) -> None:
+    from ferry.runtime import EngineCache
+
+    cache = EngineCache(tmp_path, max_bytes=10**9)
+    keys = [f"{i:064x}" for i in range(3)]
+    for key in keys:
+        cache.put(key, key.encode() * 100)
+    cache.max_bytes = 0
+    with cache._hold(keys[0], exclusive=False):  # a reader in the middle of get()
+        removed = cache.evict()
+    assert sorted(removed) == keys[1:]
+    assert cache.get(keys[0]) == keys[0].encode() * 100
+    assert cache.evict() == [keys[0]]
+
+
+STRESS = textwrap.dedent(
+    """
+    import hashlib, json, random, sys, time
+    from ferry.runtime import EngineCache
+
+    root, seed, until, out = sys.argv[1:]
+    cache = EngineCache(root, max_bytes=6 * 200_000)  # room for about 6 of the 12 entries
+    rng = random.Random(int(seed))
+    stats = {"puts": 0, "hits": 0, "misses": 0, "wrong": 0}
+    def blob(i):
+        return hashlib.sha256(str(i).encode()).digest() * (200_000 // 32)
+    while time.time() < float(until):
+        i = rng.randrange(12)
+        key = hashlib.sha256(f"entry {i}".encode()).hexdigest()
+        got = cache.get(key)
+        if got is None:
+            stats["misses"] += 1
+            with cache.building(key):
+                if cache._read(key) is None:
+                    cache.put(key, blob(i))
+                    stats["puts"] += 1
+        elif got == blob(i):
+            stats["hits"] += 1
+        else:
+            stats["wrong"] += 1
+    open(out, "w").write(json.dumps(stats))
+    """
+)
+
+
+def test_four_processes_reading_writing_and_evicting_never_see_a_torn_entry(
+    tmp_path: Path,
+) -> None:
+    until = time.time() + 8.0
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                STRESS,
+                str(tmp_path),
+                str(i),
+                str(until),
+                str(tmp_path / f"{i}.json"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(4)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-2000:]
+    stats = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(4)]
+    assert sum(s["wrong"] for s in stats) == 0, stats
+    assert sum(s["hits"] for s in stats) > 50, stats
+    assert sum(s["puts"] for s in stats) > 12, stats  # entries were evicted and rebuilt
+    from ferry.runtime import EngineCache
+
+    cache = EngineCache(tmp_path)
+    for entry in cache.entries():  # what is left is whole
+        assert cache.get(entry.key) is not None
+    assert not [p for p in (tmp_path / "engines").iterdir() if p.name.startswith(".tmp-")]

@@ -12,8 +12,8 @@ Entries are written into a temporary folder and renamed into place, so a reader 
 entry. A process about to compile a partition the cache lacks holds a lock on its key (an advisory
 file lock, ``engines/.lock-<key>``): another process, or another Ray Serve replica on the node,
 wanting the same engine waits for it and then loads the stored entry, so an engine is compiled
-once per machine, not once per process. A
-damaged entry (unreadable meta, a blob of the wrong size or hash, or one the backend fails to load)
+once per machine, not once per process. Readers hold the same lock shared, and eviction passes
+over an entry whose lock is held, so an entry is never removed while it is read. A damaged entry (unreadable meta, a blob of the wrong size or hash, or one the backend fails to load)
 is discarded and rebuilt. The cache keeps under a size cap (``FERRY_CACHE_MAX_BYTES``, default
 20 GiB) by evicting the least recently used entries. Backends that compile in-process from the
 model and have nothing to store (ONNX Runtime) are never hashed at all.
@@ -147,7 +147,15 @@ class EngineCache:
         return self.engines / key
 
     def get(self, key: str) -> bytes | None:
-        """The stored blob for ``key``, or None when there is none or it is damaged (then removed)."""
+        """The stored blob for ``key``, or None when there is none or it is damaged (then removed).
+
+        Read under the key's shared lock, so that eviction leaves the entry alone meanwhile.
+        """
+        with self._hold(key, exclusive=False):
+            return self._read(key)
+
+    def _read(self, key: str) -> bytes | None:
+        """:meth:`get` for a caller that holds the key's lock already."""
         entry = self.path(key)
         try:
             meta = json.loads((entry / _META).read_text(encoding="utf-8"))
@@ -203,17 +211,24 @@ class EngineCache:
         self.evict(keep=key)
         return entry
 
+    def building(self, key: str) -> contextlib.AbstractContextManager[bool]:
+        """Hold ``key``'s lock exclusively while its engine is built (waits for readers and for
+        another builder, whose entry the caller should then look for again)."""
+        return self._hold(key, exclusive=True)
+
     @contextlib.contextmanager
-    def building(self, key: str) -> Iterator[None]:
-        """Hold the lock on ``key`` while its engine is built (blocks while another holds it).
+    def _hold(self, key: str, *, exclusive: bool, wait: bool = True) -> Iterator[bool]:
+        """Hold ``key``'s lock (``engines/.lock-<key>``): shared by readers, exclusive for a
+        builder or eviction. Yields False when ``wait`` is off and another holds it.
 
         Where file locks are missing (not POSIX) or the lock file cannot be made (a read-only
-        cache), nothing is held: two builders then both compile, and one entry still results.
+        cache), nothing is held (True): two builders then both compile, one entry results, and
+        a reader whose entry is evicted meanwhile sees a miss.
         """
         try:
             import fcntl
         except ImportError:  # Windows
-            yield
+            yield True
             return
         lock = self.engines / f"{_LOCK_PREFIX}{self.path(key).name}"
         try:
@@ -221,13 +236,18 @@ class EngineCache:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             logger.debug("engine cache: no lock for %s (%s)", key[:12], e)
-            yield
+            yield True
             return
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+            mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+            try:
+                fcntl.flock(fd, mode if wait else mode | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
         finally:
-            os.close(fd)  # closing releases the lock; the file stays for the next builder
+            os.close(fd)  # closing releases the lock; the file stays for the next holder
 
     def discard(self, key: str) -> None:
         """Remove ``key``'s entry, if any."""
@@ -257,7 +277,7 @@ class EngineCache:
     def evict(self, *, keep: str | None = None) -> list[str]:
         """Remove least recently used entries until the cache fits ``max_bytes``; return their keys.
 
-        Also clears temporary folders left by writers that died.
+        An entry being read or built (its key's lock held) is passed over. Also clears temporary folders left by writers that died.
         """
         removed: list[str] = []
         with self._lock:
@@ -269,7 +289,10 @@ class EngineCache:
                     break
                 if e.key == keep:
                     continue
-                self._discard(e.path, "to stay under the size cap (least recently used)")
+                with self._hold(e.key, exclusive=True, wait=False) as free:
+                    if not free:  # being read or rebuilt right now: the next one goes instead
+                        continue
+                    self._discard(e.path, "to stay under the size cap (least recently used)")
                 total -= e.size
                 removed.append(e.key)
         return removed
@@ -476,7 +499,7 @@ def compile_partition(
         return compiled, "loaded"
     with cache.building(key):
         # Whoever held the lock before us may have stored this very engine meanwhile.
-        compiled = _load_cached(backend, spec, cache, key, hashed)
+        compiled = _load_cached(backend, spec, cache, key, hashed, locked=True)
         if compiled is not None:
             return compiled, "loaded"
         compiled = backend.compile(spec)
@@ -501,10 +524,17 @@ def compile_partition(
 
 
 def _load_cached(
-    backend: Backend, spec: CompileSpec, cache: EngineCache, key: str, hashed: float
+    backend: Backend,
+    spec: CompileSpec,
+    cache: EngineCache,
+    key: str,
+    hashed: float,
+    *,
+    locked: bool = False,
 ) -> CompiledPartition | None:
-    """The engine stored under ``key``, or None (none stored, or it does not load: discarded)."""
-    blob = cache.get(key)
+    """The engine stored under ``key``, or None (none stored, or it does not load: discarded).
+    ``locked``: the caller holds the key's lock."""
+    blob = cache._read(key) if locked else cache.get(key)
     if blob is None:
         return None
     try:
