@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -43,22 +44,11 @@ WORKER = textwrap.dedent(
 )
 
 
-def test_four_processes_compile_once_and_share_one_entry(tmp_path: Path) -> None:
-    model = tmp_path / "mlp.onnx"
-    onnx.save(models.mlp(), model)
-    cache = tmp_path / "cache"
-    start = time.time() + 6.0  # after the four interpreters have imported ferry and OpenVINO
+def _run_four(script: str, args: list[str], tmp_path: Path) -> list[dict[str, Any]]:
+    """Run ``script`` in four processes (``python -c script *args OUT``) and read their JSON."""
     procs = [
         subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                WORKER,
-                str(model),
-                str(cache),
-                str(start),
-                str(tmp_path / f"{i}.json"),
-            ],
+            [sys.executable, "-c", script, *args, str(tmp_path / f"{i}.json")],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -68,7 +58,15 @@ def test_four_processes_compile_once_and_share_one_entry(tmp_path: Path) -> None
     for proc in procs:
         _, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, err[-2000:]
-    results = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(4)]
+    return [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(4)]
+
+
+def test_four_processes_compile_once_and_share_one_entry(tmp_path: Path) -> None:
+    model = tmp_path / "mlp.onnx"
+    onnx.save(models.mlp(), model)
+    cache = tmp_path / "cache"
+    start = time.time() + 6.0  # after the four interpreters have imported ferry and OpenVINO
+    results = _run_four(WORKER, [str(model), str(cache), str(start)], tmp_path)
     origins = sorted(o for r in results for o in r["origins"])
     assert origins == ["compiled", "loaded", "loaded", "loaded"], origins
     entries = [p for p in (cache / "engines").iterdir() if len(p.name) == 64]
@@ -102,9 +100,9 @@ STRESS = textwrap.dedent(
     import hashlib, json, random, sys, time
     from ferry.runtime import EngineCache
 
-    root, seed, until, out = sys.argv[1:]
+    root, until, out = sys.argv[1:]
     cache = EngineCache(root, max_bytes=6 * 200_000)  # room for about 6 of the 12 entries
-    rng = random.Random(int(seed))
+    rng = random.Random(out)  # each process its own sequence
     stats = {"puts": 0, "hits": 0, "misses": 0, "wrong": 0}
     def blob(i):
         return hashlib.sha256(str(i).encode()).digest() * (200_000 // 32)
@@ -131,27 +129,7 @@ def test_four_processes_reading_writing_and_evicting_never_see_a_torn_entry(
     tmp_path: Path,
 ) -> None:
     until = time.time() + 8.0
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                STRESS,
-                str(tmp_path),
-                str(i),
-                str(until),
-                str(tmp_path / f"{i}.json"),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(4)
-    ]
-    for proc in procs:
-        _, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err[-2000:]
-    stats = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(4)]
+    stats = _run_four(STRESS, [str(tmp_path), str(until)], tmp_path)
     assert sum(s["wrong"] for s in stats) == 0, stats
     assert sum(s["hits"] for s in stats) > 50, stats
     assert sum(s["puts"] for s in stats) > 12, stats  # entries were evicted and rebuilt
