@@ -22,6 +22,14 @@ if [ "${FERRY_TEST_HEAVY:-0}" = "1" ]; then
     echo "WARNING: Paddle did not install; its converter tests will be skipped" >&2
   fi
 fi
+# The KServe Python SDK (kserve 0.21, in .venv-kserve: it pins protobuf<7 and pandas<3) checks
+# the manifests `ferry deploy kserve` writes (tests/serving/test_kserve.py); ~40 s the first time.
+echo "==> KServe SDK into .venv-kserve"
+if bash scripts/setup-kserve.sh "$PWD/.venv-kserve"; then
+  export FERRY_KSERVE_PYTHON="$PWD/.venv-kserve/bin/python"
+else
+  echo "WARNING: the KServe SDK did not install; the KServe manifest tests will be skipped" >&2
+fi
 # The browser tests (tests/web): Debian's chromium and chromedriver, node and npm (the web
 # bundle's onnxruntime-web), selenium into .venv. Without them those tests skip, saying why
 # (under FERRY_CI they fail).

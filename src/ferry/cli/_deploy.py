@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ferry.cli._deploy_kserve import kserve_command
 from ferry.cli._deploy_ray import ray_command
 
 
@@ -24,9 +25,4 @@ def command() -> None:
 
 
 command.add_command(ray_command)
-try:  # TEMP until the kserve command lands
-    from ferry.cli._deploy_kserve import kserve_command
-
-    command.add_command(kserve_command)
-except ImportError:
-    pass
+command.add_command(kserve_command)

@@ -51,6 +51,7 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
+from ferry._folders import staging_dir
 from ferry._version import __version__
 from ferry.backends import ORT_SILENT, ort_error_message, unknown_ops
 from ferry.errors import (
@@ -247,7 +248,7 @@ def export_ort_mobile(
     with contextlib.ExitStack() as stack:
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ferry-ort-")))
         source = source_file or save_model(loaded, scratch / "source.onnx")
-        staging = _staging_dir(out)
+        staging = staging_dir(out)
         stack.callback(shutil.rmtree, staging, ignore_errors=True)
         ort_file = staging / MODEL_FILE
         _convert(loaded, source, ort_file, options, runtime_replay=options.style == "runtime")
@@ -369,22 +370,6 @@ def _refuse_own_file(source: Path, out: Path) -> None:
             f"the model {source} would be overwritten by the export into {out}; "
             "export into another folder"
         )
-
-
-def _staging_dir(out: Path) -> Path:
-    """A new folder on the same file system as ``out`` (so it moves into place by renaming)."""
-    anchor = out.parent
-    while not anchor.exists():
-        anchor = anchor.parent
-    try:
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=anchor))
-    except OSError as e:
-        raise InvalidInputError(f"cannot write beside {out}: {e}") from e
-    # mkdtemp makes the folder 0700; it becomes output_dir, which gets what mkdir would give it.
-    umask = os.umask(0)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)
-    return staging
 
 
 def _publish(staging: Path, out: Path, names: list[str]) -> None:

@@ -70,6 +70,7 @@ if TYPE_CHECKING:
         read_body,
         save_body,
     )
+    from ferry.serving._kserve import KServeDeployment, kserve_manifests
     from ferry.serving._metrics import (
         FLUSH_EVERY,
         LATENCY_BUCKETS,
@@ -122,6 +123,7 @@ __all__ = [
     "InferRequest",
     "Instance",
     "InstancePool",
+    "KServeDeployment",
     "LoadedModel",
     "Metrics",
     "ModelConfig",
@@ -151,6 +153,7 @@ __all__ = [
     "engine_threads",
     "error_response",
     "find_model_file",
+    "kserve_manifests",
     "list_models",
     "load_version",
     "model_name_for",
@@ -177,6 +180,7 @@ _MODULES = (
     "_scheduler",
     "_repository",
     "_app",
+    "_kserve",
 )
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -53,10 +54,31 @@ logger = logging.getLogger(__name__)
 
 
 def available_cores() -> int:
-    """The cores this process may run on (its CPU affinity where the OS says)."""
+    """The cores this process may run on: its CPU affinity where the OS says, capped by its
+    container's CPU quota (a pod limited to 2 CPUs on a 64-core node runs 2 engine threads, not
+    64 throttled ones), rounded up."""
     if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
+        cores = max(1, len(os.sched_getaffinity(0)))
+    else:
+        cores = max(1, os.cpu_count() or 1)
+    quota = _cpu_quota()
+    return cores if quota is None else max(1, min(cores, math.ceil(quota - 1e-9)))
+
+
+def _cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """CPUs the cgroup allows (quota / period: cgroup v2's cpu.max, v1's cfs files); None: no
+    limit, or not Linux."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
 
 
 #: A call at least this long makes a model compute-bound: see the module doc.

@@ -39,6 +39,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from ferry._folders import publish_dir, staging_dir
 from ferry._version import __version__
 from ferry.errors import (
     BackendUnavailableError,
@@ -160,7 +161,7 @@ def export_web(
     ops.raise_if_unsupported()
     pre = _preprocessing_dict(preprocessing, loaded)
     dist = ensure_onnxruntime_web(ort_version)
-    staging = _staging_dir(out)
+    staging = staging_dir(out)
     try:
         model_info = _write_model(loaded, staging / MODEL_FILE, ops.max_ir_version)
         (staging / "ort").mkdir()
@@ -205,7 +206,7 @@ def export_web(
         files = sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file())
         manifest["files"] = {f: _sha256(staging / f) for f in files if f != MANIFEST_FILE}
         _write_manifest(staging, manifest)
-        _publish(staging, out)
+        publish_dir(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     logger.info("exported a web bundle into %s", out)
@@ -231,37 +232,6 @@ def _check_out_dir(out: Path, force: bool) -> None:
             f"output folder {out} is not empty and holds no ferry web bundle; choose a new "
             "folder, or pass force=True (--force) to replace everything in it"
         )
-
-
-def _staging_dir(out: Path) -> Path:
-    """A new folder beside ``out`` (same file system: it moves into place by renaming)."""
-    anchor = out.absolute().parent
-    try:
-        anchor.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=anchor))
-    except OSError as e:
-        raise InvalidInputError(f"cannot write beside {out}: {e}") from e
-    # mkdtemp makes the folder 0700; the published bundle gets what mkdir would give it.
-    umask = os.umask(0)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)
-    return staging
-
-
-def _publish(staging: Path, out: Path) -> None:
-    """Swap the staged bundle in: the old folder is renamed aside first, removed last."""
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=staging.parent))
-        old.rmdir()
-        out.rename(old)
-        try:
-            staging.rename(out)
-        except OSError:
-            old.rename(out)
-            raise
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        staging.rename(out)
 
 
 def _write_model(model: ir.Model, path: Path, max_ir: int) -> dict[str, Any]:
