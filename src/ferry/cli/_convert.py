@@ -68,7 +68,9 @@ if TYPE_CHECKING:
 @click.option(
     "--external-data/--no-external-data",
     default=None,
-    help="Keep weights in OUTPUT.data beside the model (default: above 1 GiB or as the input did).",
+    help="Keep weights in a data file beside the model, OUTPUT.data (OUTPUT.<hash>.data when "
+    "replacing a model that used that name: the pair is replaced atomically). Default: above "
+    "1 GiB or as the input did.",
 )
 @click.option(
     "--report",
