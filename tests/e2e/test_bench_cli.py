@@ -188,7 +188,18 @@ def test_agent_command(tmp_path: Path, mlp_path: Path) -> None:
     # The real command, as a process on a free port: it answers and stops on SIGTERM.
     exe = Path(sys.executable).parent / "ferry"
     proc = subprocess.Popen(
-        [exe, "agent", "--port", "0", "--token", TOKEN],
+        [
+            exe,
+            "agent",
+            "--port",
+            "0",
+            "--token",
+            TOKEN,
+            "--job-memory",
+            "2048",
+            "--max-unpack-ratio",
+            "50",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
@@ -206,6 +217,11 @@ def test_agent_command(tmp_path: Path, mlp_path: Path) -> None:
                     seen += chunk.decode()
         url = seen.split("listening on ")[-1].split()[0] if "listening on" in seen else ""
         assert url.startswith("http://127.0.0.1:"), seen
+        import httpx
+
+        limits = httpx.get(f"{url}/agent", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+        assert limits["job_memory_bytes"] == 2048 << 20
+        assert limits["max_unpack_ratio"] == 50
         code, out, err = ferry(
             "bench", mlp_path, "--device", url, "--token", TOKEN, "-n", "3", "--no-isolate"
         )

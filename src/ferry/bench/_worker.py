@@ -7,15 +7,21 @@ peak RSS is this configuration's alone. It writes::
     {"cold_start_s", "first_run_ms", "warm_start_s", "rss_before_load_mb",
      "peak_rss_mb": {"<batch>": MiB, ...}, "engine_origins", "error"}
 
-``job DIR``: a whole benchmark for the agent (``DIR/spec.json``, ``DIR/model/``, and
-``DIR/inputs/names.json`` mapping ``.npy`` files there to input names), writing ``DIR/result.json`` or ``DIR/error.json``. A job in its own process
-cannot take the agent down with it, whatever the engine does with a broken model.
+``job DIR [--memory-bytes N]``: a whole benchmark for the agent (``DIR/spec.json``,
+``DIR/model/``, and ``DIR/inputs/names.json`` mapping ``.npy`` files there to input names),
+writing ``DIR/result.json`` or ``DIR/error.json`` (``{"error"}``, a message for the client), each
+in one rename. A job in its own process cannot take the agent down with it, whatever the engine
+does with a broken model: a crash leaves neither file, and the agent reports the signal. With
+``--memory-bytes`` the process (and what it starts) cannot take more memory than that; an engine
+that needs more fails the job with a message naming the limit.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import json
+import re
 import shutil
 import sys
 import tempfile
@@ -104,19 +110,66 @@ def _measure(job: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _run_job(folder: Path) -> None:
-    from ferry.bench._runner import BenchSpec, run_bench
-    from ferry.errors import FerryError
-    from ferry.runtime import load_npy
+# How engines and Python say an allocation failed (ONNX Runtime: "Failed to allocate memory",
+# C++: std::bad_alloc, OpenVINO and others: "out of memory", the C library: ENOMEM's text).
+_NO_MEMORY = re.compile(
+    r"failed to allocate|bad[_ ]alloc|out of memory|cannot allocate memory|MemoryError", re.I
+)
 
+
+def _run_job(folder: Path, memory_bytes: int | None = None) -> None:
+    from ferry.errors import FerryError
+
+    # A crash in native code prints the Python stack to stderr, which the agent logs.
+    faulthandler.enable()
     try:
+        if memory_bytes is not None:
+            _limit_memory(memory_bytes)
+        from ferry.bench._runner import BenchSpec, run_bench
+        from ferry.runtime import load_npy
+
         spec = BenchSpec.from_dict(json.loads((folder / "spec.json").read_text(encoding="utf-8")))
         inputs = {name: load_npy(folder / "inputs" / file, name) for file, name in _inputs(folder)}
         result = run_bench(folder / "model", spec, inputs=inputs)
-    except FerryError as e:
-        (folder / "error.json").write_text(json.dumps({"error": str(e)}), encoding="utf-8")
+    except Exception as e:  # the job's error, for the client; never a traceback
+        if isinstance(e, FerryError):
+            error = str(e)
+        else:
+            traceback.print_exc()  # to stderr: the agent's log
+            error = f"{type(e).__name__}: {e}".rstrip(": ")
+        if memory_bytes is not None and (isinstance(e, MemoryError) or _NO_MEMORY.search(error)):
+            error = (
+                f"the job ran out of memory under the agent's limit of "
+                f"{memory_bytes / (1 << 20):.0f} MiB (ferry agent --job-memory): {error}"
+            )
+        _write_json(folder / "error.json", {"error": error})
         return
-    (folder / "result.json").write_text(json.dumps(result), encoding="utf-8")
+    _write_json(folder / "result.json", result)
+
+
+def _write_json(path: Path, document: dict[str, Any]) -> None:
+    """Write ``path`` in one rename: a process killed halfway leaves no half a document."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(document), encoding="utf-8")
+    tmp.replace(path)
+
+
+def _limit_memory(size: int) -> None:
+    """Cap this process's memory, and its children's, at ``size`` bytes.
+
+    Linux (and Android) count private writable memory (``RLIMIT_DATA``, since Linux 4.7): what
+    allocations take, and not address space merely reserved (threads' malloc arenas, a GPU
+    driver's mappings), which ``RLIMIT_AS`` would count and fail on first. Other POSIX systems
+    have ``RLIMIT_AS`` alone. Soft and hard limits both: nothing in the job may raise it again.
+    """
+    import resource
+
+    linux = sys.platform.startswith("linux") or sys.platform == "android"
+    which = resource.RLIMIT_DATA if linux else resource.RLIMIT_AS
+    _, hard = resource.getrlimit(which)
+    if hard != resource.RLIM_INFINITY:
+        size = min(size, hard)
+    resource.setrlimit(which, (size, size))
 
 
 def _inputs(folder: Path) -> list[tuple[str, str]]:
@@ -148,7 +201,13 @@ def main(argv: list[str]) -> int:
     if mode == "job" and len(argv) == 2:
         _run_job(Path(argv[1]))
         return 0
-    print("usage: python -m ferry.bench._worker measure JOB OUT | job DIR", file=sys.stderr)
+    if mode == "job" and len(argv) == 4 and argv[2] == "--memory-bytes" and argv[3].isdigit():
+        _run_job(Path(argv[1]), int(argv[3]))
+        return 0
+    print(
+        "usage: python -m ferry.bench._worker measure JOB OUT | job DIR [--memory-bytes N]",
+        file=sys.stderr,
+    )
     return 2
 
 

@@ -49,8 +49,31 @@ from ferry.cli._common import console
     show_default=True,
     help="Seconds a job may run before it is stopped.",
 )
+@click.option(
+    "--job-memory",
+    type=click.FloatRange(min=64),
+    default=None,
+    metavar="MB",
+    help="Memory a job may allocate (MiB); past it the job fails with an out-of-memory error "
+    "and the agent serves on. Default: no limit beyond the machine's.",
+)
+@click.option(
+    "--max-unpack-ratio",
+    type=click.FloatRange(min=1),
+    default=100.0,
+    show_default=True,
+    help="Largest ratio of an uploaded archive's unpacked size to its size (decompression bombs "
+    "above it are refused).",
+)
 def command(
-    host: str, port: int, token: str, max_upload_mb: float, max_queue: int, job_timeout: float
+    host: str,
+    port: int,
+    token: str,
+    max_upload_mb: float,
+    max_queue: int,
+    job_timeout: float,
+    job_memory: float | None,
+    max_unpack_ratio: float,
 ) -> None:
     """Run benchmarks on this device for `ferry bench --device http://HOST:PORT --token TOKEN`.
 
@@ -63,6 +86,7 @@ def command(
     Examples:
       ferry agent --token "$(openssl rand -hex 16)"
       FERRY_AGENT_TOKEN=s3cret ferry agent --host 0.0.0.0 --port 8765
+      ferry agent --token "$TOKEN" --job-timeout 600 --job-memory 4096
     """
     from ferry.bench import create_agent_app, device_info, device_summary
     from ferry.serving import ServerThread, sigterm_interrupts
@@ -72,6 +96,8 @@ def command(
         max_upload_bytes=int(max_upload_mb * (1 << 20)),
         max_queue=max_queue,
         job_timeout_s=job_timeout,
+        job_memory_bytes=None if job_memory is None else int(job_memory * (1 << 20)),
+        max_unpack_ratio=max_unpack_ratio,
     )
     # Status requests long-poll up to a minute: let them end as before, with no drain limit.
     server = ServerThread(app, host=host, port=port, drain_timeout=None)
