@@ -56,8 +56,11 @@ def read_tflite(data: bytes, source: str) -> TFLiteModel:
     schema = tflite_schema()
     try:
         return _Reader(schema, data, source).model()
-    except ModelLoadError:
-        raise
+    except ModelLoadError as e:
+        if source in str(e):
+            raise
+        # Checks deep in the walk (a buffer index, a quantization) do not know the file's name.
+        raise ModelLoadError(f"{source}: {e}; the file is corrupt, re-export the model") from e
     except (IndexError, ValueError, TypeError, struct.error, UnicodeDecodeError) as e:
         # The generated accessors trust every offset in the file; a corrupt one surfaces as one
         # of these while unpacking.

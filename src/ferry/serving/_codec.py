@@ -59,6 +59,11 @@ _LITTLE = sys.byteorder == "little"
 _LENGTH = struct.Struct("<I")
 # JSON numbers that fit each kind: a float datatype takes ints too, an int datatype only ints.
 _JSON_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
+# numpy 1 holds at most 32 dims (numpy 2: 64); no model takes more. Past either, reshape fails.
+_MAX_DIMS = 32
+# A shape whose non-zero dims multiply past this is refused before anything is allocated: numpy
+# cannot make such an array even with a 0 dim beside them, and no request body carries one.
+_MAX_ELEMENTS = 2**48
 
 
 def datatype_of(dtype: np.dtype[Any]) -> str:
@@ -133,6 +138,9 @@ def decode_request(body: bytes | bytearray, header_length: int | None = None) ->
         request = json.loads(bytes(body[:header_length]) if header_length < size else body)
     except (ValueError, UnicodeDecodeError) as e:
         raise InvalidInputError(f"the request is not valid JSON: {e}") from None
+    except RecursionError:
+        # json's C scanner recurses once per nesting level: "[[[[..." a few thousand deep.
+        raise InvalidInputError("the request's JSON is nested too deeply") from None
     if not isinstance(request, dict):
         raise InvalidInputError("the request must be a JSON object with an 'inputs' list")
     request_id = request.get("id")
@@ -233,8 +241,20 @@ def _tensor_header(entry: Any) -> tuple[str, tuple[int, ...], str]:
         raise InvalidInputError(
             f"input {name!r}: 'shape' must be a list of non-negative integers, got {shape!r}"
         )
+    if len(shape) > _MAX_DIMS:
+        raise InvalidInputError(
+            f"input {name!r}: 'shape' has {len(shape)} dims; at most {_MAX_DIMS} are supported"
+        )
+    elements = 1
+    for d in shape:  # one dim at a time, so that a product of huge dims stops at once
+        elements *= d or 1
+        if elements > _MAX_ELEMENTS:
+            raise InvalidInputError(
+                f"input {name!r}: 'shape' has more than {_MAX_ELEMENTS} elements (its non-zero "
+                "dims multiplied); no request carries that much data"
+            )
     datatype = entry.get("datatype")
-    if datatype not in DATATYPES:
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
         raise InvalidInputError(
             f"input {name!r}: unknown datatype {datatype!r}; use one of {', '.join(DATATYPES)}"
         )
@@ -270,7 +290,9 @@ def _from_binary(
 
 
 def _bytes_elements(data: memoryview, count: int, name: str) -> np.ndarray:
-    out = np.empty(count, dtype=object)
+    # The elements are gathered before the array is made, so that a shape of 10**12 elements
+    # with a few bytes of data is refused when the data runs out, not by allocating 8 TB first.
+    items: list[bytes] = []
     pos, end = 0, len(data)
     for i in range(count):
         if pos + 4 > end:
@@ -285,13 +307,15 @@ def _bytes_elements(data: memoryview, count: int, name: str) -> np.ndarray:
                 f"input {name!r}: BYTES element {i} claims {length} bytes but only "
                 f"{end - pos} are left"
             )
-        out[i] = bytes(data[pos : pos + length])
+        items.append(bytes(data[pos : pos + length]))
         pos += length
     if pos != end:
         raise InvalidInputError(
             f"input {name!r}: {end - pos} bytes are left after {count} BYTES elements; the shape "
             "and binary_data_size disagree"
         )
+    out = np.empty(count, dtype=object)
+    out[:] = items
     return out
 
 
@@ -343,8 +367,10 @@ def _from_json(data: Any, name: str, datatype: str, shape: tuple[int, ...]) -> n
 
 def _exact_integers(data: Any, name: str, datatype: str, dtype: np.dtype[Any]) -> np.ndarray:
     values = np.array(data, dtype=object)
-    bad = next((v for v in values.flat if type(v) is not int), None)
-    if bad is not None:
+    # A sentinel, not None: a JSON null is itself the bad value to report.
+    missing = object()
+    bad = next((v for v in values.flat if type(v) is not int), missing)
+    if bad is not missing:
         raise InvalidInputError(
             f"input {name!r}: {datatype} data must be integers, got {_json_type(bad)} {bad!r}"
         )
@@ -414,7 +440,7 @@ def encode_response(
         datatype = datatype_of(array.dtype)
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         if binary or datatype == "BF16":
-            raw = _to_binary(array, datatype)
+            raw = _to_binary(array, datatype, name)
             entry["parameters"] = {"binary_data_size": len(raw)}
             buffers.append(raw)
         else:
@@ -427,16 +453,24 @@ def encode_response(
     return b"".join([text, *buffers]), len(text)
 
 
-def _to_binary(array: np.ndarray, datatype: str) -> memoryview | bytes:
+def _to_binary(array: np.ndarray, datatype: str, name: str) -> memoryview | bytes:
     if datatype == "BYTES":
         parts: list[bytes] = []
         for item in array.reshape(-1):
-            raw = item if isinstance(item, bytes) else str(item).encode()
+            try:
+                raw = item if isinstance(item, bytes) else str(item).encode()
+            except UnicodeEncodeError:  # a lone surrogate ("\\ud800" in a JSON request's text)
+                raise InvalidInputError(
+                    f"output {name!r} holds text that is not valid Unicode (a lone surrogate); "
+                    "it has no UTF-8 bytes to send"
+                ) from None
             parts.append(_LENGTH.pack(len(raw)))
             parts.append(raw)
         return b"".join(parts)
-    if not _LITTLE and array.dtype.itemsize > 1:
-        array = array.astype(array.dtype.newbyteorder("<"))
+    wire = array.dtype.newbyteorder("<")
+    if array.dtype != wire:
+        # The wire is little-endian: a big-endian array (">f4", or any on a big-endian host).
+        array = array.astype(wire)
     # A byte view of the (contiguous) array: b"".join then copies it once, into the body.
     view: Any = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
     return memoryview(view)
