@@ -10,6 +10,7 @@ kept as zero-copy numpy views of the file's bytes. Sparse constants keep their c
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -379,6 +380,10 @@ def _plain(value: Any) -> Any:
 # ---------------------------------------------------------------------------- sparse constants
 
 
+#: The most elements a sparse weight may densify to (2**31: 8 GiB of float32).
+_MAX_DENSE_ELEMENTS = 1 << 31
+
+
 def densify_tflite(
     values: np.ndarray, sparsity: TFLiteSparsity, shape: Sequence[int]
 ) -> np.ndarray:
@@ -404,6 +409,12 @@ def densify_tflite(
             f"{block_map} and {len(levels)} dim descriptions do not fit together"
         )
     block_sizes = [levels[order.index(rank + k)].dense_size for k in range(len(block_map))]
+    elements = math.prod(int(d) for d in shape)
+    if any(int(d) < 0 for d in shape) or elements > _MAX_DENSE_ELEMENTS:
+        raise ModelLoadError(
+            f"sparse tensor of shape {list(shape)}: its dense form would hold {elements} "
+            f"elements, more than the {_MAX_DENSE_ELEMENTS} a weight can; the file is corrupt"
+        )
     # Walk the levels breadth-first over all paths at once; expanding each path in place keeps
     # the depth-first order in which the values are stored.
     previous = np.zeros(1, dtype=np.int64)  # per path: its position in the level above
@@ -411,6 +422,13 @@ def densify_tflite(
     for meta in levels:
         if meta.dense:
             size = meta.dense_size
+            # Paths only multiply: past the stored values they cannot fit (and a corrupt size
+            # would otherwise allocate without bound before the final count check).
+            if size < 0 or previous.size * size > values.size:
+                raise ModelLoadError(
+                    f"a sparse tensor's dense dim of {size} lists more elements than the "
+                    f"{values.size} values it stores"
+                )
             columns = [np.repeat(c, size) for c in columns]
             columns.append(np.tile(np.arange(size, dtype=np.int64), previous.size))
             previous = (previous[:, None] * size + np.arange(size)).reshape(-1)
@@ -423,6 +441,10 @@ def densify_tflite(
         if np.any(counts < 0):
             raise ModelLoadError("a sparse tensor's segments are not ascending")
         total = int(counts.sum())
+        if total > values.size:
+            raise ModelLoadError(
+                f"a sparse tensor lists {total} elements but stores {values.size} values"
+            )
         first = np.cumsum(counts) - counts
         children = np.repeat(starts - first, counts) + np.arange(total, dtype=np.int64)
         if total and int(children.max()) >= meta.indices.size:
