@@ -12,12 +12,9 @@ deadline, and inside a wall-clock alarm that turns a real hang into a failure in
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import signal
 import struct
-import threading
 import tracemalloc
 from collections.abc import Iterator
 from typing import Any
@@ -31,6 +28,7 @@ from hypothesis.extra import numpy as hnp
 
 from ferry.errors import InvalidInputError
 from ferry.serving import DATATYPES, decode_request, encode_response
+from time_bound import bounded
 
 # derandomize: CI runs the same examples every time; database=None: nothing is written to
 # .hypothesis/ and no earlier failure is replayed out of order. The deadline is ~1000x what an
@@ -44,37 +42,10 @@ JSON_TYPES = [d for d in DATATYPES if d != "BF16"]  # BF16 travels only as binar
 WIRE_BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
-class Hang(Exception):
-    """An example ran past ``HANG_S``."""
-
-
-@contextlib.contextmanager
-def bounded(seconds: float = HANG_S) -> Iterator[None]:
-    """Raise :class:`Hang` inside the block if it runs longer than ``seconds`` (main thread,
-    POSIX; elsewhere only hypothesis' deadline guards)."""
-    if (
-        not hasattr(signal, "setitimer")
-        or threading.current_thread() is not threading.main_thread()
-    ):
-        yield
-        return
-
-    def expire(signum: int, frame: Any) -> None:
-        raise Hang(f"still running after {seconds} s: a hang")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def decode_or_refuse(body: bytes | bytearray, header_length: int | None) -> Any:
     """The property every body must keep: a request whose arrays fit their declared datatypes, or
     InvalidInputError with a message. Anything else propagates and fails the example."""
-    with bounded():
+    with bounded(HANG_S):
         try:
             request = decode_request(body, header_length)
         except InvalidInputError as e:
@@ -246,7 +217,7 @@ def test_requests_round_trip_and_echo(
     """A client's body decodes to the same arrays; a server echoing them encodes a body from which
     a client reads them back. Every datatype, JSON and binary, mixed in one body."""
     body, header_length = build_request(sent, request_id)
-    with bounded():
+    with bounded(HANG_S):
         request = decode_request(bytearray(body) if writable else body, header_length)
     assert request.id == request_id
     assert list(request.inputs) == [t.name for t in sent]
@@ -261,7 +232,7 @@ def test_requests_round_trip_and_echo(
         if t.datatype == "BYTES" and not b and array.size and isinstance(array.flat[0], bytes):
             b = True  # arbitrary bytes have no JSON form: a server sends them binary
         outputs.append((t.name, array, b))
-    with bounded():
+    with bounded(HANG_S):
         response, length = encode_response(
             model_name="m", model_version="1", outputs=outputs, request_id=request_id
         )
@@ -292,7 +263,7 @@ def response_arrays(draw: st.DrawFn) -> tuple[np.ndarray, bool]:
 @given(st.lists(response_arrays(), min_size=1, max_size=3))
 def test_responses_read_back_as_sent(outputs: list[tuple[np.ndarray, bool]]) -> None:
     named = [(f"y{i}", array, binary) for i, (array, binary) in enumerate(outputs)]
-    with bounded():
+    with bounded(HANG_S):
         body, length = encode_response(model_name="m", model_version="1", outputs=named)
     back = parse_response(body, length)
     for name, array, binary in named:
