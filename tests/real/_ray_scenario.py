@@ -33,7 +33,7 @@ import kit_models
 CLIENTS = 4  # concurrent clients
 PHASE_S = 6.0  # seconds the steady phase runs at most
 PER_CLIENT = 40  # requests a client sends at most in the steady phase
-RESCALE_MAX_S = 120.0  # a rescaling phase's clients run until told to stop, or this long
+RESCALE_MAX_S = 300.0  # a rescaling phase's clients run until told to stop, or this long
 
 
 def ferry(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -119,7 +119,7 @@ def replicas_running() -> dict[str, int]:
     return out
 
 
-def wait_replicas(count: int, timeout: float = 120) -> dict[str, int]:
+def wait_replicas(count: int, timeout: float = 240) -> dict[str, int]:
     deadline = time.monotonic() + timeout
     seen: dict[str, int] = {}
     while time.monotonic() < deadline:
@@ -189,7 +189,7 @@ def main() -> None:
         analyzer = os.environ.get("FERRY_PERF_ANALYZER")
         if analyzer:
             run = subprocess.run(
-                [analyzer, "-m", kit_ids[0], "-u", f"127.0.0.1:{port_n}", "-i", "http",
+                [analyzer, "-m", kit_ids[0], "-x", "1", "-u", f"127.0.0.1:{port_n}", "-i", "http",
                  "--concurrency-range", "2", "--measurement-interval", "1000",
                  "--max-trials", "3", "--stability-percentage", "100"],
                 capture_output=True, text=True, timeout=120, check=False,

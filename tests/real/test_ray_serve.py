@@ -68,7 +68,7 @@ def report(
         str(out),
     ]
     done = subprocess.run(
-        [*command, *MODELS], capture_output=True, text=True, timeout=600, env=env, check=False
+        [*command, *MODELS], capture_output=True, text=True, timeout=1200, env=env, check=False
     )
     assert out.exists(), (
         f"the scenario wrote no report:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
