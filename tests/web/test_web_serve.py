@@ -6,7 +6,9 @@ fixture), once for the module, without the Node verification (``test_web_export`
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
@@ -54,8 +56,14 @@ def repo(tmp_path: Path, site: Path) -> Path:
     return root
 
 
-def _client(source: Path, **kwargs: object) -> TestClient:
-    return TestClient(create_app(source, warmup=False, **kwargs))  # type: ignore[arg-type]
+@contextlib.contextmanager
+def _client(source: Path, **kwargs: object) -> Iterator[TestClient]:
+    """A client of the app serving ``source``, once its models have been tried (the first
+    requests would otherwise race the model's load)."""
+    app = create_app(source, warmup=False, **kwargs)  # type: ignore[arg-type]
+    with TestClient(app) as client:
+        assert app.state.ferry.started.wait(60)
+        yield client
 
 
 @pytest.mark.parametrize(
