@@ -97,6 +97,34 @@ def model_name_for(path: Path) -> str:
     return name[:128]
 
 
+#: What a repository holds, for errors about one that holds nothing.
+NO_MODELS_HINT = (
+    "a repository holds <model>/<version>/model.onnx (e.g. REPO/mlp/1/model.onnx), or pass a "
+    "model file"
+)
+
+
+def source_models(path: Path) -> tuple[bool, list[str]]:
+    """What ``ferry serve PATH`` serves: ``(True, [name])`` for an ``.onnx`` file or an artifact
+    folder, ``(False, names)`` for a repository (possibly none yet).
+
+    Raises:
+        ModelLoadError: ``path`` does not exist, or is a file that is not an ``.onnx`` model.
+    """
+    if not path.exists():
+        raise ModelLoadError(f"model or repository not found: {path}")
+    if path.is_file() or (path / "model.onnx").is_file():
+        if path.is_file() and path.suffix.lower() != ".onnx":
+            raise ModelLoadError(
+                f"{path} is not an .onnx model; ferry serve takes an .onnx file, an artifact "
+                "folder or a model repository (convert other formats with ferry convert)"
+            )
+        return True, [model_name_for(path)]
+    if not path.is_dir():
+        raise ModelLoadError(f"{path} is neither a file nor a folder")
+    return False, list_models(path)
+
+
 def list_models(root: Path) -> list[str]:
     """The model folders in a repository (names that are not valid model names are skipped)."""
     names = []
@@ -263,24 +291,13 @@ class ModelRepository:
         self.source = path
         self.root: Path | None = None
         self.single: tuple[str, Path] | None = None
-        if path.is_file() or (path / "model.onnx").is_file():
-            if path.is_file() and path.suffix.lower() != ".onnx":
-                raise ModelLoadError(
-                    f"{path} is not an .onnx model; ferry serve takes an .onnx file, an artifact "
-                    "folder or a model repository (convert other formats with ferry convert)"
-                )
-            self.single = (model_name_for(path), path)
-            names = [self.single[0]]
-        elif path.is_dir():
-            self.root = path
-            names = list_models(path)
-            if not names and not explicit and poll_interval is None:
-                raise ModelLoadError(
-                    f"no models in {path}: a repository holds <model>/<version>/model.onnx "
-                    "(e.g. REPO/mlp/1/model.onnx), or pass a model file"
-                )
+        single, names = source_models(path)
+        if single:
+            self.single = (names[0], path)
         else:
-            raise ModelLoadError(f"{path} is neither a file nor a folder")
+            self.root = path
+            if not names and not explicit and poll_interval is None:
+                raise ModelLoadError(f"no models in {path}: {NO_MODELS_HINT}")
         self.load_at_start = list(load or [])
         for name in self.load_at_start:
             check_model_name(name)

@@ -44,7 +44,7 @@ from ferry.backends._base import native_stderr_to_log
 from ferry.errors import BackendUnavailableError, FerryError, InvalidInputError, ModelLoadError
 from ferry.serving._batcher import BatchOutcome, ExecutionRecord, QueuedRequest, execute_batch
 from ferry.serving._config import check_precision
-from ferry.serving._repository import check_model_name, list_models, model_name_for
+from ferry.serving._repository import NO_MODELS_HINT, check_model_name, source_models
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -176,7 +176,7 @@ def _rows(requests: list[QueuedRequest]) -> int:
 
 
 class FerryModel:
-    """A Ray Serve replica serving one model with ferry's app (wrapped by :func:`_model_class`).
+    """A Ray Serve replica serving one model with ferry's app (wrapped by ``serve.ingress`` in :func:`applications`).
 
     Args:
         source: an absolute path: a model file, an artifact folder or a repository.
@@ -279,14 +279,11 @@ class FerryFront:
 
 def _index_rows() -> list[dict[str, str]]:
     """The repository index from Ray Serve's status of the ``ferry-*`` applications."""
-    serve = serve_module()
-    rows = []
-    for name, app in sorted(serve.status().applications.items()):
-        if not name.startswith(APP_PREFIX):
-            continue
-        state = _STATES.get(str(app.status.value), "UNAVAILABLE")
-        rows.append({"name": name[len(APP_PREFIX) :], "state": state, "reason": app.message or ""})
-    return rows
+    return [
+        {"name": m.model, "state": _STATES.get(m.status, "UNAVAILABLE"), "reason": m.reason}
+        for m in _statuses()
+        if m.app != FRONT_APP
+    ]
 
 
 _STATES = {
@@ -324,21 +321,11 @@ class DeployedModel:
 
 def _models_of(source: Path) -> list[tuple[str, str | None]]:
     """``(model name, model to load from a repository or None)`` for each model of ``source``."""
-    if not source.exists():
-        raise ModelLoadError(f"model or repository not found: {source}")
-    if source.is_file() or (source / "model.onnx").is_file():
-        if source.is_file() and source.suffix.lower() != ".onnx":
-            raise ModelLoadError(
-                f"{source} is not an .onnx model; ferry deploy ray takes an .onnx file, an "
-                "artifact folder or a model repository (convert other formats with ferry convert)"
-            )
-        return [(model_name_for(source), None)]
-    names = list_models(source)
+    single, names = source_models(source)
+    if single:
+        return [(names[0], None)]
     if not names:
-        raise ModelLoadError(
-            f"no models in {source}: a repository holds <model>/<version>/model.onnx "
-            "(e.g. REPO/mlp/1/model.onnx), or pass a model file"
-        )
+        raise ModelLoadError(f"no models in {source}: {NO_MODELS_HINT}")
     return [(name, name) for name in names]
 
 
