@@ -1,51 +1,71 @@
 #!/usr/bin/env bash
-# The test suite, as the README and CI run it: sets up .venv, then lint, types and pytest.
+# The test suite, as the README gives it and CI runs it (.ci/run calls exactly this command):
+# sets up everything the suite needs on a fresh machine, then lint, types and pytest.
+#
+#   bash scripts/test.sh [PYTEST ARGS]           the whole suite, everything installed first
+#   bash scripts/test.sh --quick [PYTEST ARGS]   daily work: installs nothing beyond .venv, skips
+#                                                the slow and real tiers; what is missing skips,
+#                                                saying what installs it
 set -euo pipefail
 cd "$(dirname "$0")/.."
+quick=0
+if [ "${1:-}" = "--quick" ]; then
+  quick=1
+  shift
+fi
 source scripts/setup.sh
-if [ "${FERRY_TEST_HEAVY:-0}" = "1" ]; then
-  # TensorFlow (~275 MB wheel) and PaddlePaddle (~200 MB, in its own environment because
-  # paddle2onnx pins an old onnx) are optional; their tests skip, saying why, when these fail.
-  echo "==> FERRY_TEST_HEAVY=1: TensorFlow + tf2onnx into .venv, Paddle + paddle2onnx into .venv-paddle"
-  pip_install "tensorflow-cpu==2.21.0" "tf2onnx==1.17.0" \
-    || echo "WARNING: TensorFlow did not install; its converter tests will be skipped" >&2
-  # tf-keras (Keras 2 objects in memory) asks for the `tensorflow` package, which tensorflow-cpu
-  # already provides under another name: without --no-deps pip would add a second, 572 MB TF.
-  pip_install --no-deps "tf-keras==2.21.0" \
-    || echo "WARNING: tf-keras did not install; the Keras 2 object test will be skipped" >&2
-  # paddlepaddle itself (no paddle2onnx) also goes into .venv: converting in-memory paddle.nn.Layers.
-  pip_install "paddlepaddle==3.3.1" \
-    || echo "WARNING: PaddlePaddle did not install into .venv; the paddle.nn.Layer test will be skipped" >&2
-  if bash scripts/setup-paddle.sh "$PWD/.venv-paddle"; then
-    export FERRY_PADDLE_PYTHON="$PWD/.venv-paddle/bin/python"
-  else
-    echo "WARNING: Paddle did not install; its converter tests will be skipped" >&2
+# A step that fails stops the run, naming itself: a suite that silently lost a tier would pass.
+need() {
+  local what="$1"
+  shift
+  if ! "$@"; then
+    echo "scripts/test.sh: setting up $what failed (see above); the tests need it." >&2
+    echo "  Fix that and run again, or run 'bash scripts/test.sh --quick', which installs nothing beyond .venv." >&2
+    exit 1
   fi
-fi
-# The KServe Python SDK (kserve 0.21, in .venv-kserve: it pins protobuf<7 and pandas<3) checks
-# the manifests `ferry deploy kserve` writes (tests/serving/test_kserve.py); ~40 s the first time.
-echo "==> KServe SDK into .venv-kserve"
-if bash scripts/setup-kserve.sh "$PWD/.venv-kserve"; then
+}
+
+if [ "$quick" = "0" ]; then
+  # TensorFlow (~275 MB wheel) with tf2onnx and tf-keras, and PaddlePaddle: the converter tests
+  # and the kit's TensorFlow, Keras and Paddle models need them. Paddle's converter runs
+  # paddle2onnx in an environment of its own (.venv-paddle: paddle2onnx pins an old onnx).
+  echo "==> TensorFlow + tf2onnx + tf-keras and PaddlePaddle into .venv, paddle2onnx into .venv-paddle"
+  heavy_stamp="$venv/.ferry-heavy-installed"
+  heavy_want="tensorflow-cpu==2.21.0 tf2onnx==1.17.0 tf-keras==2.21.0 paddlepaddle==3.3.1"
+  if [ ! -f "$heavy_stamp" ] || [ "$(cat "$heavy_stamp")" != "$heavy_want" ]; then
+    need TensorFlow pip_install "tensorflow-cpu==2.21.0" "tf2onnx==1.17.0"
+    # tf-keras (Keras 2 objects in memory) asks for the `tensorflow` package, which tensorflow-cpu
+    # already provides under another name: without --no-deps pip would add a second, 572 MB TF.
+    need tf-keras pip_install --no-deps "tf-keras==2.21.0"
+    # paddlepaddle itself (no paddle2onnx) also goes into .venv: converting in-memory paddle.nn.Layers.
+    need PaddlePaddle pip_install "paddlepaddle==3.3.1"
+    echo "$heavy_want" > "$heavy_stamp"
+  fi
+  need "the Paddle environment" bash scripts/setup-paddle.sh "$PWD/.venv-paddle"
+  export FERRY_PADDLE_PYTHON="$PWD/.venv-paddle/bin/python"
+  # The KServe Python SDK (kserve 0.21, in .venv-kserve: it pins protobuf<7 and pandas<3) checks
+  # the manifests `ferry deploy kserve` writes (tests/serving/test_kserve.py); ~40 s the first time.
+  echo "==> KServe SDK into .venv-kserve"
+  need "the KServe SDK" bash scripts/setup-kserve.sh "$PWD/.venv-kserve"
   export FERRY_KSERVE_PYTHON="$PWD/.venv-kserve/bin/python"
+  # The browser tests (tests/web): Debian's chromium and chromedriver, node and npm (the web
+  # bundle's onnxruntime-web), selenium into .venv.
+  echo "==> browser, node and npm"
+  need "the browser" bash scripts/browser-env.sh
+  # Triton's perf_analyzer (from the tritonclient 2.41 wheel; Debian's libb64-0d) drives ferry
+  # serve in tests/e2e/test_perf_analyzer.py.
+  echo "==> perf_analyzer"
+  need perf_analyzer bash scripts/triton-bench-env.sh --perf-analyzer-only
+  # The real-model kit (once; cached in ${FERRY_KIT:-~/.cache/ferry-kit}, outside the
+  # repository): the tests/real tier runs every verb on models made by other people.
+  echo "==> real-model kit"
+  need "the real-model kit" bash scripts/fetch-kit.sh
 else
-  echo "WARNING: the KServe SDK did not install; the KServe manifest tests will be skipped" >&2
+  # Whatever an earlier full run set up is used; nothing more is installed.
+  [ -x "$PWD/.venv-paddle/bin/python" ] && export FERRY_PADDLE_PYTHON="$PWD/.venv-paddle/bin/python"
+  [ -x "$PWD/.venv-kserve/bin/python" ] && export FERRY_KSERVE_PYTHON="$PWD/.venv-kserve/bin/python"
+  set -- -m "not slow and not real" "$@"
 fi
-# The browser tests (tests/web): Debian's chromium and chromedriver, node and npm (the web
-# bundle's onnxruntime-web), selenium into .venv. Without them those tests skip, saying why
-# (under FERRY_CI they fail).
-echo "==> browser, node and npm"
-bash scripts/browser-env.sh \
-  || echo "WARNING: chromium/node/npm could not be installed; the browser tests will skip" >&2
-# Triton's perf_analyzer (from the tritonclient 2.41 wheel; Debian's libb64-0d) drives ferry serve
-# in tests/e2e/test_perf_analyzer.py.
-echo "==> perf_analyzer"
-bash scripts/triton-bench-env.sh --perf-analyzer-only \
-  || echo "WARNING: perf_analyzer could not be set up; its e2e test will be skipped" >&2
-# The real-model kit (about 152 MB, once; cached in ${FERRY_KIT:-~/.cache/ferry-kit}, outside the
-# repository): the tests/real tier runs every verb on models made by other people.
-echo "==> real-model kit"
-bash scripts/fetch-kit.sh \
-  || echo "WARNING: the real-model kit could not be fetched; the tests/real tier will be skipped" >&2
 echo "==> ruff"
 ruff check src tests benchmarks examples
 ruff format --check src tests benchmarks examples
