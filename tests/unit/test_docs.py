@@ -8,6 +8,7 @@ runs a model: the whole file takes well under a second.
 
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ import pytest
 from ferry.cli.main import cli
 
 ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src"
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 IDS = [str(page.relative_to(ROOT)) for page in PAGES]
 
@@ -28,6 +30,11 @@ _CODE_SPAN = re.compile(r"`+[^`]*`+")
 # Shell words that end one command and may start another (shlex's punctuation tokens).
 _SEPARATOR = re.compile(r"^[();<>|&]+$")
 _ASSIGNMENT = re.compile(r"^\w+=")
+# Paths the prose names: from the repository root, or inside src/ferry (ferry/bench/x.py,
+# optimizer/rules/common/).
+_SOURCE_PATH = re.compile(
+    r"(?<![\w./~-])((?:src|tests|benchmarks|scripts|examples|ferry|optimizer)/[\w./-]*)"
+)
 
 
 def _prose_lines(text: str) -> Iterator[str]:
@@ -112,6 +119,78 @@ def test_readme_links_every_docs_page() -> None:
     }
     pages = {page.resolve() for page in PAGES[1:]}
     assert pages <= linked, sorted(str(p.relative_to(ROOT)) for p in pages - linked)
+
+
+def _code_spans(page: Path) -> Iterator[str]:
+    """The inline code spans of a page's prose."""
+    fenced = False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if _FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            yield from re.findall(r"`([^`]+)`", line)
+
+
+def _module_file(dotted: str) -> Path | None:
+    """The source file of module ``dotted`` (``ferry.a.b``), found without importing it."""
+    base = SRC.joinpath(*dotted.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _defined_names(source: Path) -> set[str]:
+    """What a module offers: ``__all__`` and its top-level definitions, assignments and imports."""
+    names: set[str] = set()
+    for node in ast.parse(source.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+                value = node.value
+                if isinstance(value, (ast.List, ast.Tuple)):
+                    names.update(e.value for e in value.elts if isinstance(e, ast.Constant))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def _python_name_problem(dotted: str) -> str | None:
+    """Why ``ferry.a.b.name`` does not exist, or None: the longest module, then one attribute."""
+    parts = dotted.split(".")
+    for end in range(len(parts), 0, -1):
+        source = _module_file(".".join(parts[:end]))
+        if source is None:
+            continue
+        if end == len(parts):
+            return None
+        attribute = parts[end]
+        if attribute in _defined_names(source):
+            return None
+        return f"{'.'.join(parts[:end])} has no {attribute}"
+    return "no such module"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=IDS)
+def test_python_names_and_source_paths_exist(page: Path) -> None:
+    """`ferry.x.y` names and src/tests/benchmarks/scripts paths the prose shows are there."""
+    problems = []
+    for span in _code_spans(page):
+        for found in re.finditer(r"(?<![\w./\"-])ferry(?:\.[A-Za-z_]\w*)+", span):
+            name = found.group(0)
+            if re.search(r"\.(json|js|md|py|onnx|tflite)$", name):  # a file name, not a module
+                continue
+            problem = _python_name_problem(name)
+            if problem:
+                problems.append(f"{name}: {problem}")
+        for found in re.finditer(_SOURCE_PATH, span):
+            path = found.group(1).rstrip(".")
+            if not any((base / path).exists() for base in (ROOT, SRC, SRC / "ferry")):
+                problems.append(f"{path}: no such file or folder")
+    assert not problems, problems
 
 
 def _shell_commands(text: str) -> Iterator[str]:
