@@ -297,3 +297,29 @@ def test_every_ferry_command_shown_is_a_real_verb_with_real_options(page: Path) 
         for problem in _check_invocation(words)
     ]
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=IDS)
+def test_shell_blocks_name_real_scripts_and_extras(page: Path) -> None:
+    """Scripts, benchmarks and examples the commands run exist; pip's extras are pyproject's."""
+    # pyproject's [project.optional-dependencies] keys (tomllib is Python 3.11+; ferry runs on 3.10).
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    section = pyproject.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+    extras = set(re.findall(r"^([\w-]+)\s*=", section, re.M))
+    problems = []
+    for command in _shell_commands(page.read_text(encoding="utf-8")):
+        for found in re.finditer(_SOURCE_PATH, command):
+            path = found.group(1).rstrip(".")
+            if (
+                path.startswith(("scripts/", "benchmarks/", "examples/"))
+                and not (ROOT / path).exists()
+            ):
+                problems.append(f"{command.strip()}: no {path}")
+        if "pip install" in command:
+            for group in re.findall(r"\.\[([\w,-]+)\]", command):
+                problems += [
+                    f"{command.strip()}: no extra {extra!r}"
+                    for extra in group.split(",")
+                    if extra not in extras
+                ]
+    assert not problems, problems
