@@ -14,9 +14,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ferry import zoo
 from ferry.errors import InvalidInputError
-from ferry.graph import prepare
+from ferry.graph import constant, prepare
 from ferry.optimizer.prune import channel_groups, check_2_4, macs, prune
-from ferry.optimizer.prune._weights import read
 
 RNG = np.random.default_rng(0)
 
@@ -148,9 +147,9 @@ def test_removing_dead_channels_changes_nothing(optimize: bool) -> None:
     if not optimize:
         nodes = {n.name: n for n in result.model.graph}
         assert nodes["dw"].attributes.get_int("group") == 4
-        assert read(nodes["bn"].inputs[1]).shape == (4,)
-        assert read(nodes["mix"].inputs[1]).shape == (6, 8, 1, 1)
-        assert read(nodes["fc"].inputs[1]).shape == (3, 6 * 16)
+        assert constant(nodes["bn"].inputs[1]).shape == (4,)
+        assert constant(nodes["mix"].inputs[1]).shape == (6, 8, 1, 1)
+        assert constant(nodes["fc"].inputs[1]).shape == (3, 6 * 16)
 
 
 def test_every_group_pruned_still_runs() -> None:
@@ -164,8 +163,8 @@ def test_every_group_pruned_still_runs() -> None:
     ]
     nodes = {n.name: n for n in result.model.graph}
     # Concat: 4 of stem+res, then 2 of branch; Flatten: 3 of mix's channels x 16 positions.
-    assert read(nodes["mix"].inputs[1]).shape == (3, 6, 1, 1)
-    assert read(nodes["fc"].inputs[1]).shape == (3, 3 * 16)
+    assert constant(nodes["mix"].inputs[1]).shape == (3, 6, 1, 1)
+    assert constant(nodes["fc"].inputs[1]).shape == (3, 3 * 16)
     assert _run(result.model, _feeds())[0].shape == (2, 3)
 
 
@@ -214,7 +213,7 @@ def test_bn_gamma_keeps_the_largest_scales() -> None:
         ir.from_proto(proto), sparsity=0.5, criterion="bn-gamma", optimize=False, multiple=1
     )
     bn_node = next(n for n in plain.model.graph if n.name == "bn")
-    np.testing.assert_array_equal(read(bn_node.inputs[1]), [5, 4, 3, 2])
+    np.testing.assert_array_equal(constant(bn_node.inputs[1]), [5, 4, 3, 2])
 
 
 def test_zoo_cnns_prune_valid_and_faster() -> None:
@@ -277,7 +276,9 @@ def test_flatten_reshape_is_rewritten() -> None:
     model = _zoo("digits_cnn")  # Reshape [N, 32, 4, 4] -> [N, 512] before the Gemm
     result = prune(model, sparsity=0.5)
     gemm = next(n for n in result.model.graph if n.op_type == "Gemm")
-    assert read(gemm.inputs[1]).shape[1 if gemm.attributes.get_int("transB", 0) else 0] == 16 * 16
+    assert (
+        constant(gemm.inputs[1]).shape[1 if gemm.attributes.get_int("transB", 0) else 0] == 16 * 16
+    )
 
 
 def test_exclude_keeps_the_node_channels() -> None:
@@ -309,7 +310,7 @@ def test_magnitude_hits_the_sparsity(sparsity: float) -> None:
     assert report.after.compressed_bytes < report.before.compressed_bytes
     for node in result.model.graph:
         if node.op_type in ("Conv", "Gemm"):
-            weight = read(node.inputs[1])
+            weight = constant(node.inputs[1])
             zeros = 1 - np.count_nonzero(weight) / weight.size
             assert abs(zeros - sparsity) <= 1 / weight.size + 1e-9, node.name
 
@@ -323,7 +324,7 @@ def test_2_4_pattern_and_validator() -> None:
     assert any("grouped" in s["reason"] for s in result.report.skipped)
     # Break one weight: the validator names it.
     node = next(n for n in result.model.graph if n.name in result.report.layers)
-    weight = read(node.inputs[1]).copy()
+    weight = constant(node.inputs[1]).copy()
     weight[0, :4] = 1.0
     node.inputs[1].const_value = ir.tensor(weight, name=node.inputs[1].name)
     (broken,) = check_2_4(result.model)

@@ -1,4 +1,4 @@
-"""Target schemes, ORT's quantizer arguments and the QDQ validator in ``quantize._targets``.
+"""Target schemes and ORT's quantizer arguments (``quantize._targets``), the QDQ validator (``_check``).
 
 The key property: what ``quantize_static(**ort_arguments(scheme(t)))`` produces passes ``check(., t)``.
 Then each rule is broken on its own, by editing a valid model, and must be reported alone, naming
@@ -18,12 +18,10 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, quantize_static
 
 from ferry.errors import InvalidInputError
+from ferry.optimizer.quantize._check import Breach, check, check_summary
 from ferry.optimizer.quantize._targets import (
     RULES,
     TARGETS,
-    Breach,
-    check,
-    check_summary,
     drop_graph_output_qdq,
     ort_arguments,
     scheme,

@@ -14,10 +14,9 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import onnx_ir as ir
 
-from ferry.graph import dtype_name, named_subgraphs
+from ferry.graph import constant, dtype_name, named_subgraphs
 from ferry.plan import is_constant
 
 __all__ = [
@@ -34,6 +33,11 @@ __all__ = [
     "subgraphs_supported",
     "supports",
 ]
+
+#: The value of an initializer or of a Constant node's output, None when not a constant: the
+#: name rule tables know :func:`ferry.graph.constant` by (an initializer that is also a graph
+#: input is not a constant: the caller may feed another value).
+constant_array = constant
 
 #: dtype names, as ``ferry.graph.dtype_name`` spells them.
 FLOAT_TYPES = frozenset({"float32", "float16", "bfloat16"})
@@ -173,17 +177,6 @@ def attr(node: ir.Node, name: str, default: Any = None) -> Any:
     if isinstance(value, list):
         return tuple(value)
     return value
-
-
-def constant_array(value: ir.Value | None) -> np.ndarray | None:
-    """The value of an initializer or of a Constant node's output; None when not known."""
-    if value is None:
-        return None
-    try:
-        tensor = ir.convenience.get_const_tensor(value)
-    except ValueError:  # a malformed Constant node: not a constant anyone can rely on
-        return None
-    return None if tensor is None else np.asarray(tensor.numpy())
 
 
 def output_used(node: ir.Node, index: int) -> bool:

@@ -14,8 +14,9 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import onnx_ir as ir
 
+from ferry.graph import constant
 from ferry.optimizer.prune._groups import ChannelGroup, Slice
-from ferry.optimizer.prune._weights import is_op, read, write
+from ferry.optimizer.prune._weights import is_op, write
 
 __all__ = ["GroupPlan", "apply_channel_plans", "plan_channels"]
 
@@ -55,7 +56,7 @@ def _scores(
         measured = False
         for consumer in group.consumers:
             reads = consumer.node.inputs[0]
-            weight = read(consumer.node.inputs[consumer.index])
+            weight = constant(consumer.node.inputs[consumer.index])
             magnitude = (magnitudes or {}).get(reads) if reads is not None else None
             if weight is None or magnitude is None or len(magnitude) != channels:
                 continue
@@ -75,7 +76,7 @@ def _scores(
         criterion = "l1"
     if criterion == "bn-gamma":
         found = [
-            np.abs(read(s.node.inputs[s.index])).astype(np.float64)  # type: ignore[arg-type]
+            np.abs(constant(s.node.inputs[s.index])).astype(np.float64)  # type: ignore[arg-type]
             for s in group.params
             if is_op(s.node, "BatchNormalization") and s.index == 1
         ]
@@ -87,7 +88,7 @@ def _scores(
         criterion = "l1"
     total = np.zeros(channels, dtype=np.float64)
     for source in group.sources:
-        weight = read(source.node.inputs[source.index])
+        weight = constant(source.node.inputs[source.index])
         if weight is None:
             continue
         rows = np.moveaxis(weight.astype(np.float64), source.axis, 0).reshape(channels, -1)
@@ -196,7 +197,7 @@ def apply_channel_plans(
         for node in group.group_attrs:
             node.attributes["group"] = ir.AttrInt64("group", len(keep))
         for node, index, position in group.rewrites:
-            shape = read(node.inputs[index])
+            shape = constant(node.inputs[index])
             assert shape is not None
             shape = shape.copy()
             shape[position] = len(keep)
@@ -204,7 +205,7 @@ def apply_channel_plans(
 
 
 def _take(item: Slice, keep: np.ndarray) -> None:
-    array = read(item.node.inputs[item.index])
+    array = constant(item.node.inputs[item.index])
     assert array is not None
     write(item.node, item.index, np.take(array, keep, axis=item.axis))
 
@@ -229,7 +230,7 @@ def _compensate(
     node = item.node
     source = node.inputs[0]
     mean = means.get(source) if source is not None else None
-    weights = read(node.inputs[item.index])
+    weights = constant(node.inputs[item.index])
     if mean is None or weights is None or item.index != 1:
         return None
     removed = np.setdiff1d(np.arange(weights.shape[item.axis]), keep)
@@ -245,7 +246,7 @@ def _compensate(
     else:
         return None
     bias_value = node.inputs[2] if len(node.inputs) > 2 else None
-    bias = read(bias_value)
+    bias = constant(bias_value)
     dtype = weights.dtype
     created = None
     if bias_value is not None and bias is None:

@@ -22,8 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 import numpy as np
 import onnx_ir as ir
 
-from ferry.graph import node_reads, shape_of, subgraphs
-from ferry.optimizer.prune._weights import read
+from ferry.graph import constant, node_reads, shape_of, subgraphs
 
 __all__ = ["ChannelGroup", "Derivation", "Slice", "channel_groups"]
 
@@ -265,7 +264,7 @@ def _count_channels(group: ChannelGroup) -> None:
         if shape is not None and len(shape) > 1 and isinstance(shape[1], int):
             counts.add(shape[1])
     for item in group.sources:
-        array = read(item.node.inputs[item.index])
+        array = constant(item.node.inputs[item.index])
         if array is not None:
             counts.add(array.shape[item.axis])
     if len(counts) == 1:
@@ -345,7 +344,7 @@ def _inputs(node: ir.Node) -> list[ir.Value | None]:
 
 def _data(values: Iterable[ir.Value | None]) -> list[ir.Value]:
     """The values that are tensors flowing through the graph, not weights."""
-    return [v for v in values if v is not None and read(v) is None]
+    return [v for v in values if v is not None and constant(v) is None]
 
 
 def _ints(node: ir.Node, name: str, index: int) -> list[int] | None:
@@ -354,7 +353,7 @@ def _ints(node: ir.Node, name: str, index: int) -> list[int] | None:
     if attr is not None and not attr.is_ref():
         return list(attr.value)
     if len(node.inputs) > index and node.inputs[index] is not None:
-        array = read(node.inputs[index])
+        array = constant(node.inputs[index])
         return None if array is None else [int(v) for v in array.reshape(-1)]
     return None
 
@@ -404,7 +403,7 @@ _Unknown = Callable[..., None]
 def _conv(node: ir.Node, notes: _Notes, unknown: _Unknown) -> None:
     x, w_value = node.inputs[0], node.inputs[1]
     y = node.outputs[0]
-    w = read(w_value)
+    w = constant(w_value)
     if w is None or x is None:
         unknown("has weights that are not constant")
         return
@@ -430,7 +429,7 @@ def _conv(node: ir.Node, notes: _Notes, unknown: _Unknown) -> None:
 
 def _conv_transpose(node: ir.Node, notes: _Notes, unknown: _Unknown) -> None:
     x, y = node.inputs[0], node.outputs[0]
-    if read(node.inputs[1]) is None or x is None:
+    if constant(node.inputs[1]) is None or x is None:
         unknown("has weights that are not constant")
         return
     if node.attributes.get_int("group", 1) != 1:
@@ -445,7 +444,7 @@ def _conv_transpose(node: ir.Node, notes: _Notes, unknown: _Unknown) -> None:
 
 def _gemm(node: ir.Node, notes: _Notes, unknown: _Unknown) -> None:
     x, y = node.inputs[0], node.outputs[0]
-    b = read(node.inputs[1])
+    b = constant(node.inputs[1])
     trans_a = node.attributes.get_int("transA", 0)
     if x is None or b is None or trans_a:
         unknown("has a transposed input or weights that are not constant")
@@ -454,7 +453,7 @@ def _gemm(node: ir.Node, notes: _Notes, unknown: _Unknown) -> None:
     notes.consumers.append((x, Slice(node, 1, 1 if trans_b else 0)))
     notes.find(y)
     notes.sources.append((y, Slice(node, 1, 0 if trans_b else 1)))
-    c = read(node.inputs[2]) if len(node.inputs) > 2 else None
+    c = constant(node.inputs[2]) if len(node.inputs) > 2 else None
     if c is not None and c.ndim >= 1 and c.shape[-1] == b.shape[0 if trans_b else 1] > 1:
         notes.params.append((y, Slice(node, 2, c.ndim - 1)))
     elif len(node.inputs) > 2 and node.inputs[2] is not None and c is None:
@@ -463,7 +462,7 @@ def _gemm(node: ir.Node, notes: _Notes, unknown: _Unknown) -> None:
 
 def _matmul(node: ir.Node, notes: _Notes, unknown: _Unknown) -> None:
     x, y = node.inputs[0], node.outputs[0]
-    b = read(node.inputs[1])
+    b = constant(node.inputs[1])
     if x is None or b is None or b.ndim != 2 or _rank(x) != 2:
         unknown("is not a 2-D input times a constant matrix")
         return
@@ -478,14 +477,14 @@ def _batch_norm(node: ir.Node, notes: _Notes, unknown: _Unknown) -> None:
         return
     notes.join(node.inputs[0], node.outputs[0])
     for index in range(1, 5):
-        if read(node.inputs[index]) is None:
+        if constant(node.inputs[index]) is None:
             unknown("has statistics that are not constant")
             return
         notes.params.append((node.outputs[0], Slice(node, index, 0)))
 
 
 def _instance_norm(node: ir.Node, notes: _Notes, unknown: _Unknown) -> None:
-    if read(node.inputs[1]) is None or read(node.inputs[2]) is None:
+    if constant(node.inputs[1]) is None or constant(node.inputs[2]) is None:
         unknown("has parameters that are not constant")
         return
     notes.join(node.inputs[0], node.outputs[0])
@@ -509,7 +508,7 @@ def _binary(node: ir.Node, notes: _Notes, unknown: _Unknown) -> None:
     for index, value in enumerate(node.inputs):
         if value is None:
             continue
-        array = read(value)
+        array = constant(value)
         shape = tuple(array.shape) if array is not None else shape_of(value)
         if shape is None:
             unknown(f"input {value.name!r} has an unknown shape")
@@ -548,7 +547,7 @@ def _concat(node: ir.Node, notes: _Notes, unknown: _Unknown) -> None:
         return
     axis = node.attributes.get_int("axis", 0) % rank
     if axis != 1:
-        if any(read(v) is not None for v in node.inputs):
+        if any(constant(v) is not None for v in node.inputs):
             unknown("joins constants along another axis")
             return
         notes.join(y, *node.inputs)
@@ -559,7 +558,7 @@ def _concat(node: ir.Node, notes: _Notes, unknown: _Unknown) -> None:
         if value is None or not isinstance(count, int):
             unknown("has an input of unknown channel count")
             return
-        if read(value) is not None:
+        if constant(value) is not None:
             parts.append((None, count))
         else:
             notes.find(value)
@@ -598,7 +597,7 @@ def _flatten(node: ir.Node, notes: _Notes, unknown: _Unknown) -> None:
 
 def _reshape(node: ir.Node, notes: _Notes, unknown: _Unknown) -> None:
     x, y = node.inputs[0], node.outputs[0]
-    target = read(node.inputs[1]) if len(node.inputs) > 1 else None
+    target = constant(node.inputs[1]) if len(node.inputs) > 1 else None
     if target is None:
         unknown("has a target shape that is not constant")
         return
@@ -692,13 +691,13 @@ def _split(node: ir.Node, notes: _Notes, unknown: _Unknown) -> None:
 
 def _resize(node: ir.Node, notes: _Notes, unknown: _Unknown) -> None:
     x, y = node.inputs[0], node.outputs[0]
-    sizes = read(node.inputs[3]) if node.op_type == "Resize" and len(node.inputs) > 3 else None
+    sizes = constant(node.inputs[3]) if node.op_type == "Resize" and len(node.inputs) > 3 else None
     if sizes is not None and sizes.size:
         notes.join(x, y)
         notes.rewrites.append((y, (node, 3, 1)))
         return
     scales_index = 2 if node.op_type == "Resize" else 1
-    scales = read(node.inputs[scales_index]) if len(node.inputs) > scales_index else None
+    scales = constant(node.inputs[scales_index]) if len(node.inputs) > scales_index else None
     if scales is None:
         scales_attr = node.attributes.get("scales")
         scales = np.asarray(scales_attr.value) if scales_attr is not None else None

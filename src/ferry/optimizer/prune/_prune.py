@@ -21,14 +21,14 @@ import onnx
 import onnx_ir as ir
 
 from ferry.errors import InvalidInputError
-from ferry.graph import InferTypesPass, graph_inputs, load_model, prepare, shape_of
+from ferry.graph import InferTypesPass, constant, graph_inputs, load_model, prepare, shape_of
 from ferry.optimizer._host import channel_block
 from ferry.optimizer.prune._channel import apply_channel_plans, plan_channels
 from ferry.optimizer.prune._groups import _UNARY, channel_groups
 from ferry.optimizer.prune._macs import macs
 from ferry.optimizer.prune._report import PruneReport, PruneResult, sizes
 from ferry.optimizer.prune._sparse import magnitude, sparse_2_4
-from ferry.optimizer.prune._weights import is_op, read
+from ferry.optimizer.prune._weights import is_op
 
 __all__ = ["CRITERIA", "METHODS", "prune"]
 
@@ -204,7 +204,7 @@ def _channel(
         # Folding a BatchNorm into its Conv loses its scale; the folded Conv's output keeps the
         # BatchNorm's output name, which is how the scale is found again.
         for node in work.graph:
-            gamma = read(node.inputs[1]) if is_op(node, "BatchNormalization") else None
+            gamma = constant(node.inputs[1]) if is_op(node, "BatchNormalization") else None
             if gamma is not None and node.outputs[0].name:
                 gammas[node.outputs[0].name] = gamma.astype(np.float64)
     if optimize:

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 
-from ferry.graph import load_model
-from ferry.optimizer.prune._weights import is_op, read, weight_inputs, write
+from ferry.graph import constant, load_model
+from ferry.optimizer.prune._weights import is_op, weight_inputs, write
 
 __all__ = ["check_2_4", "magnitude", "sparse_2_4"]
 
@@ -45,7 +45,7 @@ def magnitude(model: ir.Model, sparsity: float, exclude: frozenset[str]) -> list
     """
     done = []
     for node, index, _ in _layers(model, exclude):
-        weight = read(node.inputs[index])
+        weight = constant(node.inputs[index])
         assert weight is not None
         count = round(weight.size * sparsity)
         if count == 0 or not np.issubdtype(weight.dtype, np.floating):
@@ -89,7 +89,7 @@ def sparse_2_4(model: ir.Model, exclude: frozenset[str]) -> tuple[list[str], lis
     """
     done, skipped = [], []
     for node, index, axis in _layers(model, exclude):
-        weight = read(node.inputs[index])
+        weight = constant(node.inputs[index])
         assert weight is not None
         reason = _why_not_2_4(node, weight, axis)
         if reason is not None:
@@ -121,7 +121,7 @@ def check_2_4(model: ir.Model | str | Path) -> list[str]:
     model = load_model(model)
     broken = []
     for node, index, axis in _layers(model, frozenset()):
-        weight = read(node.inputs[index])
+        weight = constant(node.inputs[index])
         assert weight is not None
         if _why_not_2_4(node, weight, axis) is not None:
             continue

@@ -1,8 +1,9 @@
-"""Reading and writing weights wherever a model keeps them: initializers or Constant nodes.
+"""Writing weights wherever a model keeps them: initializers or Constant nodes.
 
 Paddle's exporter, for one, keeps every weight in a Constant node; PyTorch's in initializers.
 Pruning edits a weight as seen by one node: when nobody else reads it, in place (same name, same
 storage kind); when it is shared, the node gets its own copy, so the other readers keep theirs.
+Reading them is :func:`ferry.graph.constant`'s job.
 """
 
 from __future__ import annotations
@@ -10,36 +11,14 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from ferry.graph import constant
+
 _ONNX_DOMAINS = ("", "ai.onnx")
 
 
 def is_op(node: ir.Node, *ops: str) -> bool:
     """Whether ``node`` is one of the default-domain ``ops``."""
     return node.domain in _ONNX_DOMAINS and node.op_type in ops
-
-
-def read(value: ir.Value | None) -> np.ndarray | None:
-    """The value's array when it is a weight (an initializer or a Constant node's output), else None.
-
-    An initializer that is also a graph input is not a weight: the caller may feed another one.
-    """
-    if value is None or value.is_graph_input():
-        return None
-    if value.const_value is not None:
-        return np.asarray(value.const_value.numpy())
-    node = value.producer()
-    if node is None or not is_op(node, "Constant"):
-        return None
-    for key, attr in node.attributes.items():
-        if attr.is_ref():
-            return None
-        if key == "value":
-            return np.asarray(attr.as_tensor().numpy())
-        if key in ("value_float", "value_floats"):
-            return np.asarray(attr.value, dtype=np.float32)
-        if key in ("value_int", "value_ints"):
-            return np.asarray(attr.value, dtype=np.int64)
-    return None
 
 
 def write(node: ir.Node, index: int, array: np.ndarray, *, shared_too: bool = False) -> None:
@@ -90,17 +69,17 @@ def weight_inputs(node: ir.Node) -> list[tuple[int, int]]:
     """``(input index, reduction axis)`` of the weight ``node`` multiplies by, for the layers that
     carry the model's parameters (Conv, ConvTranspose, Gemm, MatMul); empty for other nodes or
     when the weight is not constant. The reduction axis is the input-channel axis."""
-    if is_op(node, "Conv") and read(_input(node, 1)) is not None:
+    if is_op(node, "Conv") and constant(_input(node, 1)) is not None:
         return [(1, 1)]
-    if is_op(node, "ConvTranspose") and read(_input(node, 1)) is not None:
+    if is_op(node, "ConvTranspose") and constant(_input(node, 1)) is not None:
         return [(1, 0)]
     if is_op(node, "Gemm"):
         found = []
-        if read(_input(node, 1)) is not None:
+        if constant(_input(node, 1)) is not None:
             found.append((1, 1 if node.attributes.get_int("transB", 0) else 0))
         return found
     if is_op(node, "MatMul"):
-        b = read(_input(node, 1))
+        b = constant(_input(node, 1))
         if b is not None and b.ndim >= 2:
             return [(1, b.ndim - 2)]
     return []

@@ -2,13 +2,19 @@
 
 ``quantize(model, data=..., target=...)`` calibrates (ONNX Runtime's calibrators and QDQ
 insertion), follows the target's rules (``_targets``: signedness, symmetry, per-channel axes,
-what must stay float), keeps the most sensitive nodes float until the result is within budget,
+what must stay float; ``_check`` validates them), keeps the most sensitive nodes float until the result is within budget,
 and refuses a result that is over budget or slower, with the figures. ``check(model, target)``
 lists where a quantized model breaks a target's rules.
 """
 
 from __future__ import annotations
 
+from ferry.optimizer.quantize._check import (
+    Breach,
+    check,
+    check_summary,
+    quantize_residual_inputs,
+)
 from ferry.optimizer.quantize._data import ImagePreprocessing, Samples, load_samples, split
 from ferry.optimizer.quantize._quantize import (
     METHODS,
@@ -19,13 +25,9 @@ from ferry.optimizer.quantize._quantize import (
 )
 from ferry.optimizer.quantize._targets import (
     TARGETS,
-    Breach,
     Scheme,
-    check,
-    check_summary,
     drop_graph_output_qdq,
     ort_arguments,
-    quantize_residual_inputs,
     scheme,
 )
 

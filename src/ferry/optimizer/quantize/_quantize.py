@@ -44,6 +44,7 @@ from ferry.optimizer._task import (
     timing_engine,
 )
 from ferry.optimizer.quantize._bf16 import to_bf16, upgrade_opset
+from ferry.optimizer.quantize._check import quantize_residual_inputs
 from ferry.optimizer.quantize._data import ImagePreprocessing, Samples, load_samples, split
 from ferry.optimizer.quantize._mse import write_mse_ranges
 from ferry.optimizer.quantize._targets import (
@@ -51,7 +52,6 @@ from ferry.optimizer.quantize._targets import (
     Scheme,
     drop_graph_output_qdq,
     ort_arguments,
-    quantize_residual_inputs,
     scheme,
 )
 

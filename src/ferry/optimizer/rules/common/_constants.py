@@ -1,4 +1,8 @@
-"""Reading constant operands the way every rule needs: initializers and ``Constant`` nodes alike."""
+"""Reading constant operands the way every rule needs: initializers and ``Constant`` nodes alike.
+
+``constant`` is :func:`ferry.graph.constant`: an initializer that is also a graph input is not a
+constant (the caller may feed another value), so no rule folds it.
+"""
 
 from __future__ import annotations
 
@@ -7,29 +11,10 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+# Re-exported: every rule reads its constant operands through this module; the rules are ferry.graph's.
+from ferry.graph import constant
+
 __all__ = ["constant", "constant_ints", "made_by", "new_initializer", "replace_value"]
-
-
-def constant(value: ir.Value | None) -> np.ndarray | None:
-    """The array ``value`` always holds (an initializer, or a ``Constant`` node's output); None when
-    it is computed at run time or absent. Paddle exports keep weights in ``Constant`` nodes, so a
-    rule that looked only at initializers would miss them."""
-    if value is None:
-        return None
-    tensor = value.const_value
-    if tensor is None:
-        producer = value.producer()
-        if (
-            producer is None
-            or producer.op_type != "Constant"
-            or producer.domain not in ("", "ai.onnx")
-        ):
-            return None
-        attr = producer.attributes.get("value")
-        if attr is None or attr.type != ir.AttributeType.TENSOR:
-            return None
-        tensor = attr.as_tensor()
-    return tensor.numpy()
 
 
 def constant_ints(value: ir.Value | None) -> list[int] | None:
