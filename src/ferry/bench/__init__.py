@@ -1,11 +1,12 @@
 """Benchmarking: latency, throughput, start-up time and memory of models run through ferry.
 
 ``run_bench(model, BenchSpec(...))`` measures locally and returns the results document (its
-schema is in ``_runner.py``); :func:`run_remote` runs the same on a device where ``ferry agent``
-(:func:`create_agent_app`, served by :class:`ferry.serving.ServerThread`) listens;
-:func:`table`, :func:`to_csv`, :func:`write_json`, :func:`save_to_artifact` and
-:func:`plot_latency` turn results into tables, CSV, an artifact's report and a PNG;
-:func:`interleave` and :func:`measure` time calls; :func:`device_info` says where.
+schema is in ``_runner.py``; what a run is asked to measure, in ``_spec.py``); :func:`run_remote`
+runs the same on a device where ``ferry agent`` (:func:`create_agent_app`, served by
+:class:`ferry.serving.ServerThread`) listens; :func:`table`, :func:`to_csv`, :func:`write_json`,
+:func:`save_to_artifact` and :func:`plot_latency` turn results into tables, CSV, an artifact's
+report and a PNG; :func:`interleave` and :func:`measure` time calls; :func:`device_info` says
+where.
 
 Names are imported on first use, so ``python -m ferry.bench._worker`` (the child processes that
 measure cold starts) loads only what it runs.
@@ -60,17 +61,8 @@ if TYPE_CHECKING:
         write_csv,
         write_json,
     )
-    from ferry.bench._runner import (
-        BASELINE,
-        SCHEMA,
-        BenchSpec,
-        Progress,
-        Target,
-        batch_feeds,
-        file_sha256,
-        resolve_targets,
-        run_bench,
-    )
+    from ferry.bench._runner import SCHEMA, batch_feeds, file_sha256, run_bench
+    from ferry.bench._spec import BASELINE, BenchSpec, Progress, Target, resolve_targets
 
 __all__ = [
     "BASELINE",
@@ -116,7 +108,7 @@ __all__ = [
 
 #: The modules behind the names, each after those it imports: a name is looked up in them in
 #: this order, and only the modules up to the one holding it are imported.
-_MODULES = ("_device", "_latency", "_runner", "_report", "_plot", "_agent", "_remote")
+_MODULES = ("_device", "_latency", "_spec", "_runner", "_report", "_plot", "_agent", "_remote")
 
 
 __getattr__ = lazy_getattr(__name__, __all__, _MODULES)

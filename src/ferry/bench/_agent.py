@@ -503,7 +503,7 @@ def create_agent_app(
 
 
 def _spec(request: Request) -> dict[str, Any]:
-    from ferry.bench._runner import BenchSpec
+    from ferry.bench._spec import BenchSpec
 
     text = request.headers.get("x-ferry-spec") or request.query_params.get("spec") or "{}"
     try:
@@ -959,7 +959,7 @@ def _extract_zip(archive: Path, unpacker: _Unpacker) -> None:
 def _check_job(folder: Path, spec: dict[str, Any]) -> None:
     """Refuse now what would fail the job at once: a model that cannot be read, engines or
     precisions this device does not have."""
-    from ferry.bench._runner import BenchSpec, resolve_targets
+    from ferry.bench._spec import BenchSpec, resolve_targets
     from ferry.graph import load_model
 
     try:

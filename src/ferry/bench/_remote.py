@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ferry.bench._agent import INPUTS_FOLDER
-from ferry.bench._runner import BenchSpec, Progress
+from ferry.bench._spec import BenchSpec, Progress
 from ferry.errors import FerryError, InvalidInputError
 
 __all__ = ["AgentClient", "run_remote"]

@@ -125,7 +125,8 @@ def _run_job(folder: Path, memory_bytes: int | None = None) -> None:
     try:
         if memory_bytes is not None:
             _limit_memory(memory_bytes)
-        from ferry.bench._runner import BenchSpec, run_bench
+        from ferry.bench._runner import run_bench
+        from ferry.bench._spec import BenchSpec
         from ferry.runtime import load_npy
 
         spec = BenchSpec.from_dict(json.loads((folder / "spec.json").read_text(encoding="utf-8")))
