@@ -2,7 +2,7 @@
 # Creates the Python environment the KServe manifest tests validate in: the KServe Python SDK.
 #
 # kserve 0.21 pins protobuf<7 and pandas<3, which clash with ferry's own environment, so it gets
-# one of its own; tests/serving/test_kserve.py runs its validator there, as a subprocess, when
+# one of its own; tests/deploy/test_kserve.py runs its validator there, as a subprocess, when
 # FERRY_KSERVE_PYTHON=<venv>/bin/python is set (scripts/test.sh sets it). ferry itself never
 # imports kserve: `ferry deploy kserve` writes plain YAML. Safe to run again: it reinstalls only
 # when the pins change.

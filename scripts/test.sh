@@ -44,7 +44,7 @@ if [ "$quick" = "0" ]; then
   need "the Paddle environment" bash scripts/setup-paddle.sh "$PWD/.venv-paddle"
   export FERRY_PADDLE_PYTHON="$PWD/.venv-paddle/bin/python"
   # The KServe Python SDK (kserve 0.21, in .venv-kserve: it pins protobuf<7 and pandas<3) checks
-  # the manifests `ferry deploy kserve` writes (tests/serving/test_kserve.py); ~40 s the first time.
+  # the manifests `ferry deploy kserve` writes (tests/deploy/test_kserve.py); ~40 s the first time.
   echo "==> KServe SDK into .venv-kserve"
   need "the KServe SDK" bash scripts/setup-kserve.sh "$PWD/.venv-kserve"
   export FERRY_KSERVE_PYTHON="$PWD/.venv-kserve/bin/python"

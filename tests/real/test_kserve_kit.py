@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 import kit_models
-from ferry.serving._kserve import kserve_manifests
+from ferry.deploy import kserve_manifests
 
 pytest.importorskip("starlette")
 pytest.importorskip("tritonclient.http")
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "serving"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "deploy"))
 import _kserve_helpers as kh
 
 #: A small image model (6.8 MB): a page's orientation from a photograph.

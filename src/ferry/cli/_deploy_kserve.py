@@ -190,7 +190,7 @@ def kserve_command(
       ferry deploy kserve model.onnx -o manifests/ --api-key-secret mlp-key
       ferry deploy kserve model.onnx -o manifests/ --backends tensorrt,onnxruntime --gpu 1
     """
-    from ferry.serving._kserve import kserve_manifests
+    from ferry.deploy import kserve_manifests
 
     if wheel_file is not None and no_wheel:
         raise InvalidInputError("give --wheel FILE or --no-wheel, not both")

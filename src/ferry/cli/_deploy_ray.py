@@ -13,7 +13,7 @@ from rich.table import Table
 from ferry.cli._common import console
 
 if TYPE_CHECKING:
-    from ferry.serving.ray import DeployedModel
+    from ferry.deploy.ray import DeployedModel
 
 
 def _autoscale(
@@ -143,7 +143,7 @@ def ray_command(
       ferry deploy ray --down
     """
     from ferry.errors import InvalidInputError
-    from ferry.serving import ray as ferry_ray
+    from ferry.deploy import ray as ferry_ray
 
     ferry_ray.serve_module()  # Ray Serve sets its logger up when imported: before it is quietened
     if not (ctx.obj or {}).get("debug"):

@@ -70,7 +70,6 @@ if TYPE_CHECKING:
         read_body,
         save_body,
     )
-    from ferry.serving._kserve import KServeDeployment, kserve_manifests
     from ferry.serving._metrics import (
         FLUSH_EVERY,
         LATENCY_BUCKETS,
@@ -123,7 +122,6 @@ __all__ = [
     "InferRequest",
     "Instance",
     "InstancePool",
-    "KServeDeployment",
     "LoadedModel",
     "Metrics",
     "ModelConfig",
@@ -153,7 +151,6 @@ __all__ = [
     "engine_threads",
     "error_response",
     "find_model_file",
-    "kserve_manifests",
     "list_models",
     "load_version",
     "model_name_for",
@@ -180,7 +177,6 @@ _MODULES = (
     "_scheduler",
     "_repository",
     "_app",
-    "_kserve",
 )
 
 

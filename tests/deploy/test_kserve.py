@@ -39,10 +39,10 @@ pytest.importorskip("tritonclient.http")
 import _kserve_helpers as kh
 import _serving_models as models
 
-import ferry.serving._kserve as kserve_module
+import ferry.deploy._kserve as kserve_module
 from ferry import __version__
 from ferry.cli.main import cli
-from ferry.serving._kserve import build_wheel, kserve_manifests
+from ferry.deploy import build_wheel, kserve_manifests
 
 RNG = np.random.default_rng(3)
 
@@ -470,7 +470,7 @@ def test_the_wheel_is_ferrys(written: dict[str, Any], wheel: Path) -> None:
         names = set(z.namelist())
         meta = z.read(f"ferry-{__version__}.dist-info/METADATA").decode()
         entry_points = z.read(f"ferry-{__version__}.dist-info/entry_points.txt").decode()
-    assert {"ferry/__init__.py", "ferry/serving/_kserve.py", "ferry/web/assets/index.html"} <= names
+    assert {"ferry/__init__.py", "ferry/deploy/_kserve.py", "ferry/web/assets/index.html"} <= names
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
     assert "Name: ferry" in meta and f"Version: {__version__}" in meta
     assert "Provides-Extra: serve" in meta
@@ -677,7 +677,7 @@ def test_a_failure_leaves_the_earlier_output_as_it_was(
     def broken(manifest: dict[str, Any]) -> str:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(kserve_module, "_yaml", broken)
+    monkeypatch.setattr(kserve_module, "manifest_yaml", broken)
     with pytest.raises(OSError, match="No space left"):
         kserve_manifests(sources["artifact"], out, wheel=False)
     assert kh.tree_hash(out) == before

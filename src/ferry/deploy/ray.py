@@ -2,7 +2,7 @@
 
 ::
 
-    from ferry.serving import ray as ferry_ray
+    from ferry.deploy import ray as ferry_ray
 
     ferry_ray.deploy("models/", replicas=2)          # a running Ray cluster, or a local one
     ferry_ray.deploy("models/", autoscale=(1, 4))    # Ray Serve's autoscaler decides

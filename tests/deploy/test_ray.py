@@ -1,4 +1,4 @@
-"""ferry.serving.ray without a cluster: the replica's app (as Ray Serve calls it), batching on Ray
+"""ferry.deploy.ray without a cluster: the replica's app (as Ray Serve calls it), batching on Ray
 Serve's ``@serve.batch``, the front's answers, the applications built, and the CLI's bad input.
 tests/real/test_ray_serve.py runs it all on a real local cluster."""
 
@@ -19,7 +19,7 @@ pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install
 
 from ferry.cli.main import cli
 from ferry.errors import InvalidInputError, ModelLoadError
-from ferry.serving import ray as ferry_ray
+from ferry.deploy import ray as ferry_ray
 
 
 @pytest.fixture(autouse=True)

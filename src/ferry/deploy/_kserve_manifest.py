@@ -1,0 +1,215 @@
+"""The text ``ferry deploy kserve`` writes: the InferenceService (as a dict and as YAML) and the
+README that says how to build, push, upload, apply and query it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ferry.deploy._kserve_image import project_root
+from ferry.deploy._kserve_layout import (
+    BASE_IMAGE,
+    CONSTRAINTS_FILE,
+    CONTAINER_PORT,
+    DEFAULT_REGISTRY,
+    DOCKERFILE,
+    DRAIN_TIMEOUT_S,
+    KSERVE_API_VERSION,
+    LIVENESS_PATH,
+    MANIFEST_FILE,
+    MODEL_DIR,
+    MODEL_MOUNT,
+    READINESS_PATH,
+    WHEEL_DIR,
+    ModelSource,
+)
+
+__all__ = ["inference_service", "manifest_yaml", "readme_text"]
+
+
+def inference_service(
+    *,
+    name: str,
+    namespace: str | None,
+    image: str,
+    command: list[str],
+    storage_uri: str | None,
+    min_replicas: int,
+    max_replicas: int,
+    resources: dict[str, dict[str, str]],
+    secret: tuple[str, str] | None,
+) -> dict[str, Any]:
+    """The InferenceService (serving.kserve.io/v1beta1) whose predictor container runs ``command``."""
+    env: list[dict[str, Any]] = [{"name": "PROTOCOL", "value": "v2"}]
+    if storage_uri is not None:
+        env.append({"name": "STORAGE_URI", "value": storage_uri})
+    if secret is not None:
+        env.append(
+            {
+                "name": "FERRY_API_KEY",
+                "valueFrom": {"secretKeyRef": {"name": secret[0], "key": secret[1]}},
+            }
+        )
+    container: dict[str, Any] = {
+        "name": "kserve-container",
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": command[:2],
+        "args": command[2:],
+        "env": env,
+        "ports": [{"name": "http1", "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
+        # Ready once every model loaded and warmed up: that may take a while, and failing here
+        # only holds traffic back.
+        "readinessProbe": {
+            "httpGet": {"path": READINESS_PATH, "port": CONTAINER_PORT},
+            "initialDelaySeconds": 5,
+            "periodSeconds": 5,
+            "timeoutSeconds": 3,
+            "failureThreshold": 3,
+        },
+        # Live as soon as the server listens (models load in the background): a restart only
+        # after a minute and a half without an answer, never for a model still loading.
+        "livenessProbe": {
+            "httpGet": {"path": LIVENESS_PATH, "port": CONTAINER_PORT},
+            "initialDelaySeconds": 30,
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 6,
+        },
+        "resources": resources,
+        "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False},
+    }
+    metadata: dict[str, Any] = {"name": name}
+    if namespace is not None:
+        metadata["namespace"] = namespace
+    return {
+        "apiVersion": KSERVE_API_VERSION,
+        "kind": "InferenceService",
+        "metadata": metadata,
+        "spec": {
+            "predictor": {
+                "minReplicas": min_replicas,
+                "maxReplicas": max_replicas,
+                "containers": [container],
+            }
+        },
+    }
+
+
+def manifest_yaml(manifest: dict[str, Any]) -> str:
+    """``inferenceservice.yaml``'s text: a comment saying how to apply it, then the manifest."""
+    import yaml
+
+    head = (
+        "# Written by `ferry deploy kserve`: a KServe InferenceService whose predictor runs\n"
+        "# ferry serve (KServe v2). Build and push its image first (README.txt), then:\n"
+        f"#   kubectl apply -f {MANIFEST_FILE}\n"
+    )
+    return head + yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False)
+
+
+def readme_text(
+    *,
+    src: ModelSource,
+    name: str,
+    namespace: str | None,
+    image: str,
+    storage_uri: str | None,
+    wheel_name: str | None,
+    secret: tuple[str, str] | None,
+) -> str:
+    """``README.txt``: the files, then the steps to build, push, upload, apply and query."""
+    ns = f" -n {namespace}" if namespace else ""
+    model = src.served[0]
+    lines = [
+        f"KServe InferenceService {name!r}: ferry serve (KServe v2 / Open Inference Protocol)",
+        f"serving {src.path} ({src.kind}) as {', '.join(src.served)}.",
+        "",
+        "Files",
+        f"  {MANIFEST_FILE:<24}the InferenceService ({KSERVE_API_VERSION})",
+        f"  {DOCKERFILE:<24}the predictor image: {BASE_IMAGE}, ferry[serve], non-root, port "
+        f"{CONTAINER_PORT}",
+        f"  {WHEEL_DIR + '/':<24}ferry's wheel, built from its source",
+        f"  {CONSTRAINTS_FILE:<24}the versions of ferry's dependencies it was tested with",
+    ]
+    if storage_uri is None:
+        lines.append(
+            f"  {MODEL_DIR + '/':<24}the model, copied into the image at {src.container_path}"
+        )
+    lines += ["", "Steps (from this folder)"]
+    step = 1
+    if wheel_name is not None:
+        checkout = project_root() or "/path/to/ferry-checkout"
+        lines += [
+            f"{step}. Build ferry's wheel into {WHEEL_DIR}/ (the Dockerfile installs "
+            f"{WHEEL_DIR}/{wheel_name}):",
+            f"     pip wheel --no-deps -w {WHEEL_DIR} {checkout}",
+        ]
+        step += 1
+    lines += [
+        f"{step}. Build the image and push it where the cluster pulls from:",
+        f"     docker build -t {image} .",
+    ]
+    if image.startswith(f"{DEFAULT_REGISTRY}/"):
+        lines += [
+            "     # on kind: kind load docker-image IMAGE; on minikube: minikube image load IMAGE.",
+            "     # For a registry, write this folder again with --image REGISTRY/NAME:TAG, then",
+            "     # docker push REGISTRY/NAME:TAG.",
+        ]
+    else:
+        lines.append(f"     docker push {image}")
+    step += 1
+    if storage_uri is not None:
+        there = src.path.name
+        lines += [
+            f"{step}. Upload the model: KServe downloads {storage_uri} to {MODEL_MOUNT} before the",
+            f"   predictor starts, and ferry serves {src.container_path}: the URI must name the",
+            f"   folder that holds {there!r} under that name"
+            + (
+                " (or the .onnx file itself, if it has no external data)."
+                if src.kind == "file"
+                else "."
+            ),
+        ]
+        if storage_uri.startswith(("s3://", "gs://")):
+            tool = "aws s3 cp" if storage_uri.startswith("s3://") else "gcloud storage cp"
+            target = storage_uri.rstrip("/") + "/"
+            if src.kind == "file":
+                for rel in src.files:
+                    lines.append(f"     {tool} {src.root / rel} {target}{rel.as_posix()}")
+            else:
+                lines.append(f"     {tool} --recursive {src.path} {target}{there}")
+        lines.append(
+            "   Credentials: a Secret and ServiceAccount as KServe's storage docs say "
+            "(then add serviceAccountName to the predictor)."
+        )
+        step += 1
+    if secret is not None:
+        lines += [
+            f"{step}. Create the API key's Secret (the predictor reads FERRY_API_KEY from it):",
+            f"     kubectl create secret generic {secret[0]}{ns} "
+            f'--from-literal={secret[1]}="$FERRY_API_KEY"',
+        ]
+        step += 1
+    lines += [
+        f"{step}. Apply it and wait for READY (the model loads and warms up first):",
+        f"     kubectl apply{ns} -f {MANIFEST_FILE}",
+        f"     kubectl get inferenceservice {name}{ns}",
+        "",
+        "Query it (tritonclient, perf_analyzer and curl speak the same protocol):",
+        f"  URL=$(kubectl get inferenceservice {name}{ns} -o jsonpath='{{.status.url}}')",
+        f"  curl $URL{READINESS_PATH}",
+        f"  curl $URL/v2/models/{model}                 # its inputs and outputs",
+        f"  curl -X POST $URL/v2/models/{model}/infer -d '{{\"inputs\": [...]}}'"
+        + (' -H "Authorization: Bearer $FERRY_API_KEY"' if secret is not None else ""),
+        "",
+        "Notes",
+        f"- Probes: readiness {READINESS_PATH} (400 until the model is loaded and warmed up),",
+        f"  liveness {LIVENESS_PATH} (200 once the server listens, also while a model loads).",
+        "- ferry sizes its engine threads from the CPUs the container may run on (its CPU",
+        "  affinity), not from the CPU limit: give whole CPUs with requests = limits (Guaranteed",
+        "  QoS), which the kubelet's static CPU manager pins.",
+        f"- On SIGTERM ferry serve drains requests in flight for up to {DRAIN_TIMEOUT_S} s.",
+        "",
+    ]
+    return "\n".join(lines)
