@@ -50,7 +50,8 @@ def _prose_lines(text: str) -> Iterator[str]:
 
 def _code_blocks(text: str) -> Iterator[tuple[str, list[str]]]:
     """(language, lines) of every fenced code block."""
-    language, lines = "", []
+    language = ""
+    lines: list[str] = []
     fenced = False
     for line in text.splitlines():
         if _FENCE.match(line):
@@ -152,7 +153,11 @@ def _defined_names(source: Path) -> set[str]:
             if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
                 value = node.value
                 if isinstance(value, (ast.List, ast.Tuple)):
-                    names.update(e.value for e in value.elts if isinstance(e, ast.Constant))
+                    names.update(
+                        e.value
+                        for e in value.elts
+                        if isinstance(e, ast.Constant) and isinstance(e.value, str)
+                    )
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names.update((a.asname or a.name).split(".")[0] for a in node.names)
     return names
