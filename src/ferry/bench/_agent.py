@@ -71,7 +71,6 @@ from ferry.errors import FerryError
 from ferry.serving import HTTPError, check_bearer, error_response, save_body
 
 if TYPE_CHECKING:
-    import onnx_ir as ir
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
@@ -960,7 +959,7 @@ def _check_job(folder: Path, spec: dict[str, Any]) -> None:
     """Refuse now what would fail the job at once: a model that cannot be read, engines or
     precisions this device does not have."""
     from ferry.bench._spec import BenchSpec, resolve_targets
-    from ferry.graph import load_model
+    from ferry.graph import external_files, load_model
 
     try:
         resolve_targets(BenchSpec.from_dict(spec))
@@ -970,40 +969,12 @@ def _check_job(folder: Path, spec: dict[str, Any]) -> None:
         model = load_model(folder / "model")
     except FerryError as e:
         raise HTTPError(422, str(e)) from e
-    _check_external_data(model, folder / "model")
-
-
-def _check_external_data(model: ir.Model, folder: Path) -> None:
-    """Refuse external data kept outside the uploaded folder (``/etc/passwd``, ``../x``): an
-    engine would read that file of the device's as weights. ONNX Runtime refuses such paths
-    itself; other engines, and ferry's own passes, may not."""
-    import onnx_ir as ir
-
-    root = folder.resolve()
-    tensors: list[tuple[str, Any]] = []
-    graphs = [model.graph, *model.graph.subgraphs(), *model.functions.values()]
-    for graph in graphs:
-        if isinstance(graph, ir.Graph):
-            tensors += [(f"weight {v.name!r}", v.const_value) for v in graph.initializers.values()]
-        for node in graph:
-            for attr in node.attributes.values():
-                if attr.type == ir.AttributeType.TENSOR:
-                    tensors.append((f"the tensor of node {node.name!r}", attr.value))
-                elif attr.type == ir.AttributeType.TENSORS:
-                    tensors += [(f"a tensor of node {node.name!r}", t) for t in attr.value]
-    for owner, tensor in tensors:
-        if not isinstance(tensor, ir.ExternalTensor):
-            continue
-        location = str(tensor.location)
-        posix = PurePosixPath(location.replace("\\", "/"))
-        if (
-            posix.is_absolute()
-            or ".." in posix.parts
-            or _DRIVE.match(location)
-            or not (Path(tensor.base_dir) / location).resolve().is_relative_to(root)
-        ):
-            raise HTTPError(
-                400,
-                f"the model keeps {owner} in external data file {location!r}, outside its "
-                "folder; external data must be a file of the upload, beside model.onnx",
-            )
+    # An engine would read a file of the device's named by a model's external data (/etc/passwd,
+    # ../x) as weights. ONNX Runtime refuses such paths itself; other engines, and ferry's own
+    # passes, may not.
+    try:
+        external_files(model, inside=folder / "model")
+    except FerryError as e:
+        raise HTTPError(
+            400, f"{e}; external data must be a file of the upload, beside model.onnx"
+        ) from e

@@ -177,7 +177,9 @@ def run_remote(
 def _pack(model_file: Path, inputs: dict[str, np.ndarray], tmp: Path) -> Path:
     """The body to upload: the model file itself when it stands alone, else a tar of the model,
     its external data files and the input arrays."""
-    external = _external_files(model_file)
+    from ferry.graph import external_files, load_model
+
+    external = external_files(load_model(model_file))
     if not external and not inputs:
         return model_file
     archive = tmp / "upload.tar"
@@ -195,19 +197,3 @@ def _pack(model_file: Path, inputs: dict[str, np.ndarray], tmp: Path) -> Path:
             (tmp / "names.json").write_text(json.dumps(names), encoding="utf-8")
             tar.add(tmp / "names.json", arcname=f"{INPUTS_FOLDER}/names.json")
     return archive
-
-
-def _external_files(model_file: Path) -> list[str]:
-    """The external data files (relative locations) the model's weights live in."""
-    import onnx_ir as ir
-
-    from ferry.graph import load_model
-
-    model = load_model(model_file)
-    found: dict[str, None] = {}
-    for graph in (model.graph, *model.graph.subgraphs()):
-        for value in graph.initializers.values():
-            tensor = value.const_value
-            if isinstance(tensor, ir.ExternalTensor):
-                found[Path(tensor.location).as_posix()] = None
-    return list(found)

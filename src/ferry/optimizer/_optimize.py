@@ -22,7 +22,7 @@ import onnx
 import onnx_ir as ir
 
 from ferry.errors import BackendUnavailableError, FerryError, InvalidInputError
-from ferry.graph import load_model, model_source_path, save_model
+from ferry.graph import external_files, load_model, model_source_path, save_model
 from ferry.optimizer._pipeline import FixInputShapesPass, pipeline, rule_context
 from ferry.optimizer.rules import TARGETS
 from ferry.parity import ParityReport, compare_outputs
@@ -280,24 +280,14 @@ def _size(model: ir.Model) -> int:
     """Bytes of the serialized model (the file's size when it is unchanged from one)."""
     path = model_source_path(model)
     if path is not None and path.is_file():
-        return path.stat().st_size + sum(
-            f.stat().st_size for f in _external_files(model, path.parent)
-        )
+        files = (path.parent / location for location in external_files(model))
+        return path.stat().st_size + sum(f.stat().st_size for f in files if f.is_file())
     weights = sum(
         v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None
     )
     if weights > (1 << 30):
         return weights  # protobuf cannot hold it in one message; the weights dominate anyway
     return ir.to_proto(model).ByteSize()
-
-
-def _external_files(model: ir.Model, folder: Path) -> set[Path]:
-    files = set()
-    for value in model.graph.initializers.values():
-        tensor = value.const_value
-        if isinstance(tensor, ir.ExternalTensor):
-            files.add(folder / tensor.location)
-    return {f for f in files if f.is_file()}
 
 
 def _check(

@@ -29,7 +29,7 @@ from onnxscript.rewriter.pattern import RewriteRule
 from onnxscript.rewriter.rules.common import _materialize_reshape_shape, _no_op
 
 from ferry.errors import InvalidInputError
-from ferry.graph import shape_of
+from ferry.graph import with_input_shapes
 from ferry.optimizer._rewrite import module_passes
 from ferry.optimizer.rules import LEVELS, TARGETS, RuleContext, rule_modules
 
@@ -58,36 +58,10 @@ class FixInputShapesPass(ir.passes.InPlacePass):
         self.shapes = {name: tuple(int(d) for d in dims) for name, dims in shapes.items()}
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        inputs = {value.name: value for value in model.graph.inputs}
-        unknown = sorted(set(self.shapes) - set(inputs))
-        if unknown:
-            raise InvalidInputError(
-                f"--fix-shapes names {', '.join(map(repr, unknown))}, not an input of the model; "
-                f"its inputs are {', '.join(repr(n) for n in inputs)}"
-            )
-        for name, dims in self.shapes.items():
-            value = inputs[name]
-            declared = shape_of(value)
-            if any(d < 1 for d in dims):
-                raise InvalidInputError(f"--fix-shapes {name}: sizes must be positive, got {dims}")
-            if declared is not None:
-                if len(declared) != len(dims):
-                    raise InvalidInputError(
-                        f"--fix-shapes {name}={'x'.join(map(str, dims))} has rank {len(dims)}, "
-                        f"but the input has rank {len(declared)} ({list(declared)})"
-                    )
-                for axis, (have, want) in enumerate(zip(declared, dims, strict=True)):
-                    if isinstance(have, int) and have != want:
-                        raise InvalidInputError(
-                            f"--fix-shapes {name}: dim {axis} is fixed at {have} in the model, "
-                            f"not {want}"
-                        )
-            value.shape = ir.Shape(dims)
-        # Shapes inferred from the symbolic sizes are stale now; inference fills them again.
-        for node in model.graph:
-            for out in node.outputs:
-                if not out.is_graph_output():
-                    out.shape = None
+        # Graph outputs keep their declared shapes: the model goes back to the user.
+        with_input_shapes(
+            model, self.shapes, in_place=True, keep_output_shapes=True, option="--fix-shapes"
+        )
         return ir.passes.PassResult(model, modified=bool(self.shapes))
 
 
