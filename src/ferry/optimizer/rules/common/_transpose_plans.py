@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import onnx_ir as ir
@@ -16,21 +16,33 @@ import onnx_ir as ir
 from ferry.optimizer.rules.common._transpose_graph import (
     Perm,
     _compose,
+    _GraphInfo,
     _inverse,
     _norm_axes,
     _perm_attr,
     _set_input,
 )
 
-if TYPE_CHECKING:
-    # Handlers are given the region and the edit; those modules call the handlers.
-    from ferry.optimizer.rules.common._transpose_regions import _Edit, _Region
-
 __all__: list[str] = []
 
 
+class _RegionView(Protocol):
+    """What a handler reads of the region it plans for (``_transpose_regions._Region``, which
+    calls the handlers: a protocol keeps the two modules from importing each other)."""
+
+    info: _GraphInfo
+
+    def rank(self, value: ir.Value) -> int | None: ...
+
+
+class _EditView(Protocol):
+    """What a rewrite reads of the edit that applies it (``_transpose_regions._Edit``)."""
+
+    info: _GraphInfo
+
+
 #: Rewrites a node of the region in place, after its layout inputs were replaced.
-_Rewrite = Callable[[ir.Node, "_Edit"], None]
+_Rewrite = Callable[[ir.Node, _EditView], None]
 
 
 @dataclasses.dataclass
@@ -50,7 +62,7 @@ class _Plan:
 #: (node, forward, perm, region, target) -> plan. Forward: ``perm`` is the layout of the node's
 #: layout inputs; backward: of its outputs. ``target``: an output layout that would cancel a
 #: consumer Transpose, for ops free to choose (Unsqueeze, Reshape).
-_Handler = Callable[[ir.Node, bool, Perm, "_Region", "Perm | None"], "_Plan | None"]
+_Handler = Callable[[ir.Node, bool, Perm, _RegionView, "Perm | None"], "_Plan | None"]
 
 # fmt: off
 _UNARY = frozenset((
@@ -73,7 +85,7 @@ _REDUCE = frozenset((
 
 
 def _set_attr_int(name: str, value: int) -> _Rewrite:
-    def rewrite(node: ir.Node, edit: _Edit) -> None:
+    def rewrite(node: ir.Node, edit: _EditView) -> None:
         node.attributes[name] = ir.AttrInt64(name, value)
 
     return rewrite
@@ -82,7 +94,7 @@ def _set_attr_int(name: str, value: int) -> _Rewrite:
 def _set_axes(index: int | None, axes: Sequence[int], attr: str = "axes") -> _Rewrite:
     """Axes written back where they came from: input ``index``, else attribute ``attr``."""
 
-    def rewrite(node: ir.Node, edit: _Edit) -> None:
+    def rewrite(node: ir.Node, edit: _EditView) -> None:
         if index is None:
             node.attributes[attr] = ir.AttrInt64s(attr, list(axes))
         else:
@@ -92,7 +104,7 @@ def _set_axes(index: int | None, axes: Sequence[int], attr: str = "axes") -> _Re
 
 
 def _elementwise(
-    node: ir.Node, forward: bool, perm: Perm, region: _Region, target: Perm | None
+    node: ir.Node, forward: bool, perm: Perm, region: _RegionView, target: Perm | None
 ) -> _Plan | None:
     rank = len(perm)
     broadcast = node.op_type in _BROADCAST
@@ -115,7 +127,7 @@ def _elementwise(
 
 
 def _quantize(
-    node: ir.Node, forward: bool, perm: Perm, region: _Region, target: Perm | None
+    node: ir.Node, forward: bool, perm: Perm, region: _RegionView, target: Perm | None
 ) -> _Plan | None:
     if node.attributes.get_int("block_size", 0) or len(node.inputs) < 2 or node.inputs[1] is None:
         return None
@@ -132,7 +144,7 @@ def _quantize(
 
 
 def _softmax(
-    node: ir.Node, forward: bool, perm: Perm, region: _Region, target: Perm | None
+    node: ir.Node, forward: bool, perm: Perm, region: _RegionView, target: Perm | None
 ) -> _Plan | None:
     # Before opset 13 these flatten to 2-D at ``axis``: not a per-axis op.
     if region.info.opset < 13:
@@ -146,7 +158,7 @@ def _softmax(
 
 
 def _concat(
-    node: ir.Node, forward: bool, perm: Perm, region: _Region, target: Perm | None
+    node: ir.Node, forward: bool, perm: Perm, region: _RegionView, target: Perm | None
 ) -> _Plan | None:
     if any(v is None or region.rank(v) != len(perm) for v in node.inputs):
         return None
@@ -157,7 +169,7 @@ def _concat(
 
 
 def _split(
-    node: ir.Node, forward: bool, perm: Perm, region: _Region, target: Perm | None
+    node: ir.Node, forward: bool, perm: Perm, region: _RegionView, target: Perm | None
 ) -> _Plan | None:
     axis = _norm_axes([node.attributes.get_int("axis", 0)], len(perm))
     if axis is None:
@@ -167,7 +179,7 @@ def _split(
 
 
 def _slice(
-    node: ir.Node, forward: bool, perm: Perm, region: _Region, target: Perm | None
+    node: ir.Node, forward: bool, perm: Perm, region: _RegionView, target: Perm | None
 ) -> _Plan | None:
     if len(node.inputs) < 3 or "starts" in node.attributes:
         return None
@@ -189,7 +201,7 @@ def _slice(
 
 
 def _pad(
-    node: ir.Node, forward: bool, perm: Perm, region: _Region, target: Perm | None
+    node: ir.Node, forward: bool, perm: Perm, region: _RegionView, target: Perm | None
 ) -> _Plan | None:
     if "pads" in node.attributes or len(node.inputs) < 2:
         return None
@@ -215,7 +227,7 @@ def _pad(
 
 
 def _reduce(
-    node: ir.Node, forward: bool, perm: Perm, region: _Region, target: Perm | None
+    node: ir.Node, forward: bool, perm: Perm, region: _RegionView, target: Perm | None
 ) -> _Plan | None:
     keepdims = node.attributes.get_int("keepdims", 1)
     index: int | None = None
@@ -275,7 +287,7 @@ class _Kept:
     sizes: list[int | None]
 
 
-def _squeeze_axes(node: ir.Node, region: _Region) -> tuple[int | None, list[int] | None]:
+def _squeeze_axes(node: ir.Node, region: _RegionView) -> tuple[int | None, list[int] | None]:
     """Where a Squeeze/Unsqueeze reads its axes (input index, or None for the attribute, as
     the opset has it) and their values; None values when absent or not constant."""
     if len(node.inputs) > 1 and node.inputs[1] is not None:
@@ -285,7 +297,7 @@ def _squeeze_axes(node: ir.Node, region: _Region) -> tuple[int | None, list[int]
     return index, None if ints is None else list(ints)
 
 
-def _kept_dims(node: ir.Node, forward: bool, perm: Perm, region: _Region) -> _Kept | None:
+def _kept_dims(node: ir.Node, forward: bool, perm: Perm, region: _RegionView) -> _Kept | None:
     data = node.inputs[0]
     if data is None:
         return None
@@ -317,7 +329,7 @@ def _kept_dims(node: ir.Node, forward: bool, perm: Perm, region: _Region) -> _Ke
     return _reshape_kept(node, region)
 
 
-def _reshape_kept(node: ir.Node, region: _Region) -> _Kept | None:
+def _reshape_kept(node: ir.Node, region: _RegionView) -> _Kept | None:
     """A Reshape that keeps the order of the non-1 dims and only drops or inserts 1s."""
     data = node.inputs[0]
     shape = region.info.ints(node.inputs[1]) if len(node.inputs) > 1 else None
@@ -387,7 +399,7 @@ def _kept_backward(kept: _Kept, p_out: Perm) -> Perm:
 
 
 def _squeeze_like(
-    node: ir.Node, forward: bool, perm: Perm, region: _Region, target: Perm | None
+    node: ir.Node, forward: bool, perm: Perm, region: _RegionView, target: Perm | None
 ) -> _Plan | None:
     kept = _kept_dims(node, forward, perm, region)
     if kept is None or len(perm) != (kept.rank_in if forward else kept.rank_out):
@@ -422,7 +434,7 @@ def _squeeze_like(
 
 
 def _transpose(
-    node: ir.Node, forward: bool, perm: Perm, region: _Region, target: Perm | None
+    node: ir.Node, forward: bool, perm: Perm, region: _RegionView, target: Perm | None
 ) -> _Plan | None:
     q = _perm_attr(node, len(perm))
     if q is None or len(q) != len(perm):

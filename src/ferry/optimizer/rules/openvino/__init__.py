@@ -1,4 +1,4 @@
-"""Rewrite rules only openvino gains from: the modules listed in ``MODULES``, applied in that order.
+"""Rewrite rules only openvino gains from: the modules in ``rules``, applied in that order.
 
 None yet. OpenVINO's own compile-time transformations fuse GELU, LayerNormalization (MVN),
 attention and Conv+bias on its CPU plugin from the standard ops the common rules leave, so a rule
@@ -8,5 +8,9 @@ itself.
 
 from __future__ import annotations
 
+from types import ModuleType
+
+__all__ = ["rules"]
+
 #: Rule modules of this package (each exports ``rules(ctx)`` and maybe ``passes(ctx)``), in order.
-MODULES: tuple[str, ...] = ()
+rules: tuple[ModuleType, ...] = ()
