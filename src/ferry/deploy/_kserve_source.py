@@ -66,40 +66,16 @@ def _load_checked(path: Path) -> Any:
 
 
 def _external_data(path: Path) -> list[Path]:
-    """The external data files of the model at ``path``, relative to its folder."""
-    import onnx_ir as ir
+    """The external data files of the model at ``path``, relative to its folder: each must be a
+    file in that folder (the image gets the folder's copy)."""
+    from ferry.graph import external_files
 
-    model = _load_checked(path)
-    tensors: list[Any] = []
-    graphs = [model.graph, *model.graph.subgraphs()]
-    for graph in graphs:
-        tensors.extend(v.const_value for v in graph.initializers.values())
-    nodes = [*model.graph.all_nodes()]
-    for function in model.functions.values():
-        nodes.extend(function)
-    for node in nodes:
-        for attr in node.attributes.values():
-            if attr.type == ir.AttributeType.TENSOR:
-                tensors.append(attr.value)
-            elif attr.type == ir.AttributeType.TENSORS:
-                tensors.extend(attr.value)
-    locations: dict[str, Path] = {}
-    for tensor in tensors:
-        if not isinstance(tensor, ir.ExternalTensor):
-            continue
-        location = Path(tensor.location)
-        if location.is_absolute() or ".." in location.parts:
-            raise ModelLoadError(
-                f"{path} keeps weights in {tensor.location!r}, outside its own folder; save it "
-                "with its external data beside it (ferry convert MODEL -o NEW.onnx does)"
-            )
-        if not (path.parent / location).is_file():
-            raise ModelLoadError(
-                f"{path} keeps weights in external data file {tensor.location!r}, which is "
-                "missing; copy it next to the model"
-            )
-        locations[location.as_posix()] = location
-    return [locations[k] for k in sorted(locations)]
+    model = _load_checked(path)  # names the file itself when an initializer's data is missing
+    try:
+        locations = external_files(model, inside=path.parent)
+    except ModelLoadError as e:  # its message names the tensor: add the model
+        raise ModelLoadError(f"{path}: {e}") from None
+    return [Path(location) for location in locations]
 
 
 def _ignored(name: str) -> bool:
