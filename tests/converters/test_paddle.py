@@ -32,7 +32,8 @@ from ferry.converters import (
     PaddleConverter,
     find_paddle_python,
 )
-from ferry.converters._paddle import VectorOperandsPass, _exit_text
+from ferry.converters._paddle_fixups import VectorOperandsPass
+from ferry.converters._paddle_process import _exit_text
 from ferry.errors import (
     BackendUnavailableError,
     ConversionError,
@@ -288,11 +289,11 @@ def test_a_paddle2onnx_failure_is_its_reason_alone(
     # Without ferry's rewrite of float64 scales paddle2onnx fails on this model the way it fails
     # on any exception of its core: it prints the reason with a timestamp, a traceback, and
     # calls sys.exit(-1) (status 255, which once read as "died with signal 127").
-    from ferry.converters import _paddle
+    from ferry.converters import _paddle_process
 
-    source = re.sub(r"(?m)^F32_LISTS = .*$", "F32_LISTS = {}", _paddle._worker_source())
-    assert source != _paddle._worker_source()
-    monkeypatch.setattr(_paddle, "_worker_source", lambda: source)
+    source = re.sub(r"(?m)^F32_LISTS = .*$", "F32_LISTS = {}", _paddle_process._worker_source())
+    assert source != _paddle_process._worker_source()
+    monkeypatch.setattr(_paddle_process, "_worker_source", lambda: source)
     with pytest.raises(ConversionError) as info:
         PaddleConverter().convert(models / "upsample_pir", ConvertOptions())
     message = str(info.value)

@@ -17,12 +17,10 @@ from ferry.converters._onnx import OnnxConverter, check_model, convert_onnx
 from ferry.converters._registry import converter_names, get_converter, resolve_converter
 
 if TYPE_CHECKING:
-    from ferry.converters._paddle import PADDLE_PYTHON_ENV, PaddleConverter, find_paddle_python
-    from ferry.converters._pytorch import (
-        PyTorchConverter,
-        detach_from_torch,
-        silence_exporter_logs,
-    )
+    from ferry.converters._paddle import PaddleConverter
+    from ferry.converters._paddle_process import PADDLE_PYTHON_ENV, find_paddle_python
+    from ferry.converters._pytorch import PyTorchConverter
+    from ferry.converters._pytorch_export import detach_from_torch, silence_exporter_logs
     from ferry.converters._sklearn import SklearnConverter
     from ferry.converters._tensorflow import TensorFlowConverter
     from ferry.converters._tflite import TFLiteConverter
@@ -56,5 +54,13 @@ __all__ = [
 __getattr__ = lazy_getattr(
     __name__,
     [name for name in __all__ if name not in globals()],
-    ["_pytorch", "_tensorflow", "_tflite", "_paddle", "_sklearn"],
+    [
+        "_pytorch",
+        "_pytorch_export",
+        "_tensorflow",
+        "_tflite",
+        "_paddle",
+        "_paddle_process",
+        "_sklearn",
+    ],
 )

@@ -27,33 +27,31 @@ Verification data: the example inputs, else 64 random rows (standard normal floa
 [0, 10)). Rows where a classifier's top two class scores tie are left out (with a note): there
 scikit-learn takes the first class and ONNX Runtime whichever its float32 sums favour, and both
 are right.
+
+This module holds the converter, loading, and the converted model's batch dims and reference;
+beside it, ``_sklearn_inputs`` plans the inputs and ``_sklearn_export`` runs skl2onnx.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import warnings
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ferry.converters._base import (
-    DEFAULT_BATCH,
     Converted,
     ConvertOptions,
     ReferenceFn,
-    as_array,
-    example_items,
     exporter_opset,
     first_line,
-    list_ops,
     type_modules,
 )
+from ferry.converters._sklearn_export import _run_skl2onnx, _unsupported, _unsupported_message
+from ferry.converters._sklearn_inputs import _Input, _Inputs, _plan_inputs
 from ferry.errors import (
     BackendUnavailableError,
     ConversionError,
@@ -69,53 +67,15 @@ logger = logging.getLogger(__name__)
 #: The default-domain opset skl2onnx is asked for when the user names none: every ONNX Runtime
 #: from 1.14 on, onnxruntime-web and the mobile builds run it.
 DEFAULT_OPSET = 18
-DEFAULT_INPUT = "input"
 
 _INSTALL = "pip install 'ferry[sklearn]'"
 # Pickle protocols 2 and later open with PROTO (0x80) and the protocol number.
 _PICKLE_MAGIC = 0x80
 _SNIFF_BYTES = 1 << 16
-# Steps that are not estimators: ColumnTransformer/FeatureUnion/Pipeline placeholders.
-_PLACEHOLDERS = ("passthrough", "drop")
-# Attributes through which fitted meta-estimators (search, stacking, voting, one-vs-rest, bagging,
-# calibration, target transforms) hold the estimators that skl2onnx converts one by one.
-_CHILD_ATTRS = (
-    "best_estimator_",
-    "estimator_",
-    "estimators_",
-    "final_estimator_",
-    "regressor_",
-    "transformer_",
-    "calibrated_classifiers_",
-)
 #: Rows of generated verification data when the user gives no example.
 SAMPLE_ROWS = 64
 #: Class scores closer than this (relative to the top one, at least absolute) count as a tie.
 _TIE = 1e-5
-# What skl2onnx names the outputs of classifiers, regressors, transformers, clusterers.
-_OUTPUT_NAMES = frozenset({"label", "probabilities", "variable", "scores"})
-_MISSING_TYPE = re.compile(r"type '<class '([\w.]+)'>'")
-
-
-@dataclass(frozen=True)
-class _Input:
-    """One input of the converted model."""
-
-    name: str
-    dtype: np.dtype[Any]
-    n_features: int
-    #: The batch dim: a symbolic name, or a fixed size.
-    batch: str | int
-    #: The DataFrame column the input carries (per-column inputs only).
-    column: Any = None
-
-
-@dataclass(frozen=True)
-class _Inputs:
-    inputs: list[_Input]
-    sample: dict[str, np.ndarray] | None
-    #: Rebuild a DataFrame from per-column inputs for the reference.
-    frame: bool = False
 
 
 class SklearnConverter:
@@ -254,174 +214,6 @@ def _check_fitted(estimator: Any, what: str) -> None:
         ) from e
 
 
-# --- inputs ----------------------------------------------------------------------------------
-
-
-def _plan_inputs(estimator: Any, options: ConvertOptions, notes: list[str]) -> _Inputs:
-    expected = getattr(estimator, "n_features_in_", None)
-    batch: str | int
-    if options.example_inputs is not None:
-        name, value = _unwrap_example(options.example_inputs)
-        if _is_frame(value):
-            return _frame_inputs(value, options, expected, notes)
-        arr = _as_2d(value, name)
-        arr = _normalize_dtype(arr, name, notes)
-        n, batch = int(arr.shape[1]), _batch_name(name, options, DEFAULT_BATCH)
-        sample: dict[str, np.ndarray] | None = {name: arr}
-        dtype = arr.dtype
-    elif options.input_shapes:
-        if len(options.input_shapes) != 1:
-            raise InvalidInputError(
-                "a scikit-learn estimator takes one input X; input_shapes names "
-                f"{sorted(options.input_shapes)}: give one shape, e.g. {{'input': ('batch', 8)}}"
-            )
-        ((name, shape),) = options.input_shapes.items()
-        dims = tuple(shape)
-        if len(dims) != 2 or not isinstance(dims[1], int) or isinstance(dims[1], bool):
-            raise InvalidInputError(
-                f"input_shapes[{name!r}] is {dims}; scikit-learn takes [batch, n_features] with "
-                "a fixed number of features, e.g. ('batch', 8)"
-            )
-        n = dims[1]
-        first = dims[0]
-        batch = first if isinstance(first, int) and first > 0 else _batch_name(name, options, first)
-        sample, dtype = None, np.dtype(np.float32)
-    else:
-        if expected is None:
-            raise InvalidInputError(
-                f"cannot tell how many features the {type(estimator).__name__} takes (it has no "
-                "n_features_in_): pass example_inputs (an array [n_samples, n_features]) or "
-                "input_shapes={'input': ('batch', n_features)}"
-            )
-        name, n, sample, dtype = DEFAULT_INPUT, int(expected), None, np.dtype(np.float32)
-        batch = _batch_name(name, options, DEFAULT_BATCH)
-    if expected is not None and n != int(expected):
-        raise InvalidInputError(
-            f"input {name!r} has {n} features but the {type(estimator).__name__} was fitted on "
-            f"{int(expected)}"
-        )
-    _check_dynamic_axes(options, [name], notes)
-    return _Inputs([_Input(name, dtype, n, batch)], sample)
-
-
-def _unwrap_example(example: Any) -> tuple[str, Any]:
-    """(input name, X) from a dict by name, a one-element tuple, or X itself."""
-    items = example_items(example)
-    if len(items) != 1:
-        names = [k for k, _ in items if k is not None]
-        raise InvalidInputError(
-            f"{len(items)} example inputs given{f' ({names})' if names else ''}, but a "
-            "scikit-learn estimator takes one input X: pass one array (or a pandas DataFrame, "
-            "for one input per column)"
-        )
-    ((name, value),) = items
-    return name or DEFAULT_INPUT, value
-
-
-def _is_frame(value: Any) -> bool:
-    # Duck-typed so that pandas is never imported unless the user handed us a DataFrame.
-    return all(hasattr(value, a) for a in ("columns", "dtypes", "iloc", "to_numpy"))
-
-
-def _as_2d(value: Any, name: str) -> np.ndarray:
-    arr = as_array(value, name)
-    if arr.ndim != 2 or arr.shape[0] == 0:
-        raise InvalidInputError(
-            f"example input {name!r} has shape {arr.shape}; scikit-learn takes a 2-D array "
-            "[n_samples, n_features] with at least one sample (use x.reshape(1, -1) for one)"
-        )
-    return arr
-
-
-def _normalize_dtype(arr: np.ndarray, name: str, notes: list[str]) -> np.ndarray:
-    """Bring ``arr`` to a dtype skl2onnx has a tensor type for: float32/64, int64 or strings."""
-    kind = arr.dtype.kind
-    if arr.dtype in (np.float32, np.int64) or kind in "OU":
-        return arr.astype(object) if kind == "U" else arr
-    if kind in "iu" or kind == "b":
-        notes.append(f"input {name!r}: {arr.dtype} example cast to int64")
-        return arr.astype(np.int64)
-    if kind == "f":
-        # float64 too: skl2onnx's double graphs for tree ensembles declare double outputs that
-        # ONNX Runtime's tree kernels do not produce (the model fails to load), and float32 is
-        # what every deployment engine runs.
-        notes.append(f"input {name!r}: {arr.dtype} example fed as float32 (the model's input type)")
-        return arr.astype(np.float32)
-    raise InvalidInputError(
-        f"example input {name!r} has dtype {arr.dtype}; pass float32, float64, int64 or strings"
-    )
-
-
-def _frame_inputs(
-    frame: Any, options: ConvertOptions, expected: int | None, notes: list[str]
-) -> _Inputs:
-    """One ``[batch, 1]`` input per DataFrame column, as skl2onnx's ColumnTransformer expects."""
-    if len(frame) == 0 or len(frame.columns) == 0:
-        raise InvalidInputError("the example DataFrame is empty; pass at least one row")
-    if expected is not None and len(frame.columns) != int(expected):
-        raise InvalidInputError(
-            f"the example DataFrame has {len(frame.columns)} columns but the estimator was "
-            f"fitted on {int(expected)}"
-        )
-    inputs: list[_Input] = []
-    sample: dict[str, np.ndarray] = {}
-    cast: list[str] = []
-    for column in frame.columns:
-        name = str(column)
-        values = np.asarray(frame[column].to_numpy()).reshape(-1, 1)
-        if values.dtype.kind in "OUS":
-            # Strings go in as objects; a column of other objects (mixed types) cannot.
-            if not all(isinstance(v, str) for v in values.ravel()):
-                raise InvalidInputError(
-                    f"DataFrame column {name!r} holds non-string objects; give it one type "
-                    "(numbers or strings)"
-                )
-            values = values.astype(object)
-        elif values.dtype.kind == "f" and values.dtype != np.float32:
-            # As for arrays (see _normalize_dtype); besides, skl2onnx concatenates per-column
-            # results, and float64 next to float32 (what its encoders emit) does not type-check.
-            values = values.astype(np.float32)
-            cast.append(name)
-        elif values.dtype.kind in "iub":
-            values = values.astype(np.int64)
-        elif values.dtype != np.float32:
-            raise InvalidInputError(
-                f"DataFrame column {name!r} has dtype {values.dtype}; use numbers or strings"
-            )
-        batch = _batch_name(name, options, DEFAULT_BATCH)
-        inputs.append(_Input(name, values.dtype, 1, batch, column=column))
-        sample[name] = values
-    if len({i.name for i in inputs}) != len(inputs):
-        raise InvalidInputError("the example DataFrame has duplicate column names")
-    if cast:
-        notes.append(f"float64 DataFrame columns fed as float32: {', '.join(cast)}")
-    _check_dynamic_axes(options, [i.name for i in inputs], notes)
-    return _Inputs(inputs, sample, frame=True)
-
-
-def _batch_name(name: str, options: ConvertOptions, default: Any) -> str:
-    axes = (options.dynamic_axes or {}).get(name, {})
-    chosen = axes.get(0)
-    if chosen:
-        return str(chosen)
-    return default if isinstance(default, str) and default else DEFAULT_BATCH
-
-
-def _check_dynamic_axes(options: ConvertOptions, names: list[str], notes: list[str]) -> None:
-    for name, axes in (options.dynamic_axes or {}).items():
-        if name in _OUTPUT_NAMES:
-            continue  # outputs take the input's batch dim (one row out per row in)
-        if name not in names:
-            raise InvalidInputError(
-                f"dynamic_axes names input {name!r}, but the converted model's inputs are {names}"
-            )
-        if any(axis != 0 for axis in axes):
-            notes.append(
-                f"input {name!r}: only the batch dim (0) can be dynamic for scikit-learn; the "
-                "feature dim stays fixed"
-            )
-
-
 # --- conversion ------------------------------------------------------------------------------
 
 
@@ -432,273 +224,6 @@ def _opset(requested: int | None, notes: list[str]) -> int:
     if requested is None:
         return min(DEFAULT_OPSET, newest)
     return exporter_opset(requested, notes, exporter="skl2onnx", newest=newest)
-
-
-def _ml_opset(opset: int) -> int:
-    # ai.onnx.ml 3 shipped with opset 15 (ONNX 1.10), 2 with opset 12; pair them as ONNX did.
-    if opset >= 15:
-        return 3
-    return 2 if opset >= 12 else 1
-
-
-def _skl2onnx_type(spec: _Input) -> Any:
-    from skl2onnx.common.data_types import (
-        DoubleTensorType,
-        FloatTensorType,
-        Int64TensorType,
-        StringTensorType,
-    )
-
-    # skl2onnx takes None for an unknown dim; the symbolic name is set on the result.
-    shape = [spec.batch if isinstance(spec.batch, int) else None, spec.n_features]
-    if spec.dtype == np.float64:
-        return DoubleTensorType(shape)
-    if spec.dtype == np.int64:
-        return Int64TensorType(shape)
-    if spec.dtype.kind == "O":
-        return StringTensorType(shape)
-    return FloatTensorType(shape)
-
-
-def _run_skl2onnx(estimator: Any, plan: _Inputs, opset: int, what: str, notes: list[str]) -> Any:
-    from skl2onnx import convert_sklearn
-    from sklearn.base import is_classifier
-
-    initial_types = [(spec.name, _skl2onnx_type(spec)) for spec in plan.inputs]
-    conv_options: dict[int, dict[str, Any]] = {}
-    if is_classifier(estimator):
-        # Without ZipMap a classifier's probabilities are a [N, C] tensor instead of a sequence
-        # of maps, which ferry's runtime and every engine but ONNX Runtime cannot carry.
-        conv_options[id(estimator)] = {"zipmap": False}
-    scalers = _scalers_feeding_trees(estimator)
-    custom = {type(scaler): _float64_scaler for scaler in scalers}
-    if scalers:
-        notes.append(
-            f"{len(scalers)} scaler(s) before a tree model compute in float64 as scikit-learn "
-            "does (Cast, the scaling, Cast), so that split decisions match it"
-        )
-    try:
-        proto = convert_sklearn(
-            estimator,
-            name=type(estimator).__name__,
-            initial_types=initial_types,
-            target_opset={"": opset, "ai.onnx.ml": _ml_opset(opset)},
-            options=conv_options or None,
-            custom_conversion_functions=custom or None,
-        )
-    except Exception as e:  # skl2onnx raises RuntimeError, ValueError, TypeError, NameError...
-        unsupported = _unsupported(estimator, deep=True)
-        if not unsupported:
-            match = _MISSING_TYPE.search(str(e))
-            if match:
-                unsupported = [(match.group(1).rsplit(".", 1)[-1], _root_path(estimator))]
-        if unsupported:
-            raise UnsupportedOpError(_unsupported_message(unsupported, what), unsupported) from e
-        hint = ""
-        if getattr(estimator, "feature_names_in_", None) is not None and not plan.frame:
-            hint = (
-                "; it was fitted on a DataFrame: if it selects columns by name, pass a DataFrame "
-                "as example_inputs"
-            )
-        raise ConversionError(
-            f"skl2onnx {_versions()} cannot convert {what}: {_skl2onnx_reason(e)}{hint}"
-        ) from e
-    return proto
-
-
-def _scalers_feeding_trees(estimator: Any) -> list[Any]:
-    """The Standard/Robust/MaxAbs/MinMax scalers of a model that also holds decision trees.
-
-    scikit-learn scales in float64 (its models are fitted on float64) and casts to float32 for
-    the trees; skl2onnx scales in float32 with rounded statistics (and multiplies by a reciprocal
-    where scikit-learn divides). On discrete data the two differ exactly where it matters: an
-    affine scaling maps the midpoint of two values (a split threshold) onto a third value (the 1
-    between pixel values 0 and 2), so samples sit within an ulp of thresholds and take the other
-    branch. These scalers get :func:`_float64_scaler`; before linear models, which do not care,
-    skl2onnx's cheaper float32 ops stay. (skl2onnx's own ``div_cast`` option rounds the mean to
-    float32 first, which defeats it.)
-    """
-    from sklearn.preprocessing import MaxAbsScaler, MinMaxScaler, RobustScaler, StandardScaler
-
-    nodes = [obj for obj, _ in _walk(estimator, deep=True)]
-    if not any(type(obj).__module__.startswith("sklearn.tree") for obj in nodes) and not any(
-        hasattr(obj, "_predictors")
-        for obj in nodes  # HistGradientBoosting keeps no tree_
-    ):
-        return []
-    kinds = (StandardScaler, RobustScaler, MaxAbsScaler, MinMaxScaler)
-    return [obj for obj in nodes if type(obj) in kinds]
-
-
-def _float64_scaler(scope: Any, operator: Any, container: Any) -> None:
-    """skl2onnx converter for Standard/Robust/MaxAbs/MinMax scalers that computes as their
-    ``transform`` does on float64 data: the same operations, in the same order, on the float64
-    statistics, then one rounding to the output type.
-
-    Before -> After::
-
-        Scaler(offset=f32(mean), scale=f32(1/std))  -> Cast(f64), Sub(mean), Div(std), Cast(f32)
-        Mul(f32(scale)), Add(f32(min)) [, Clip]      -> Cast(f64), Mul, Add [, Max, Min], Cast
-    """
-    from onnx import TensorProto
-    from skl2onnx.common.data_types import guess_proto_type
-    from skl2onnx.operator_converters.common import concatenate_variables
-    from sklearn.preprocessing import MinMaxScaler, RobustScaler, StandardScaler
-
-    op = operator.raw_operator
-    if len(operator.inputs) > 1:
-        x = concatenate_variables(scope, operator.inputs, container)
-    else:
-        x = operator.inputs[0].full_name
-    out_type = guess_proto_type(operator.outputs[0].type)
-    if out_type != TensorProto.DOUBLE:
-        out_type = TensorProto.FLOAT
-
-    def node(op_type: str, inputs: list[str], **attrs: Any) -> str:
-        out = scope.get_unique_variable_name(op_type.lower())
-        name = scope.get_unique_operator_name(op_type)
-        container.add_node(op_type, inputs, [out], name=name, **attrs)
-        return out
-
-    def const(values: Any) -> str:
-        arr = np.asarray(values, dtype=np.float64)
-        name = scope.get_unique_variable_name("scaler_const")
-        container.add_initializer(name, TensorProto.DOUBLE, list(arr.shape), arr.ravel().tolist())
-        return name
-
-    y = node("Cast", [x], to=TensorProto.DOUBLE)
-    if isinstance(op, MinMaxScaler):
-        # X *= scale_; X += min_; np.clip(X, *feature_range) if clip
-        y = node("Add", [node("Mul", [y, const(op.scale_)]), const(op.min_)])
-        if getattr(op, "clip", False):
-            low, high = op.feature_range
-            y = node("Min", [node("Max", [y, const(low)]), const(high)])
-    else:
-        # StandardScaler: X -= mean_ if with_mean; X /= scale_ if with_std (mean_ is fitted even
-        # without with_mean). RobustScaler: center_ and scale_, None when switched off.
-        offset = None
-        if isinstance(op, StandardScaler) and op.with_mean:
-            offset = op.mean_
-        elif isinstance(op, RobustScaler):
-            offset = op.center_
-        if offset is not None:
-            y = node("Sub", [y, const(offset)])
-        if op.scale_ is not None and getattr(op, "with_std", True):
-            y = node("Div", [y, const(op.scale_)])
-    container.add_node(
-        "Cast",
-        [y],
-        [operator.outputs[0].full_name],
-        name=scope.get_unique_operator_name("Cast"),
-        to=out_type,
-    )
-
-
-def _versions() -> str:
-    import skl2onnx
-    import sklearn
-
-    return f"{skl2onnx.__version__} (scikit-learn {sklearn.__version__})"
-
-
-_BAD_NODE = re.compile(r"Unable to create node '(\w+)'")
-
-
-def _skl2onnx_reason(e: Exception) -> str:
-    # onnx refusing a node's attributes comes with every attribute's value (megabytes for a
-    # forest); the op is what matters, and that this release pair does not fit together.
-    match = _BAD_NODE.search(str(e))
-    if match:
-        return (
-            f"it builds a {match.group(1)} node that onnx rejects (this skl2onnx does not handle "
-            "the model as this scikit-learn stores it); try another skl2onnx or scikit-learn "
-            "release"
-        )
-    return first_line(e)
-
-
-def _known_to_skl2onnx(obj: Any) -> bool:
-    from skl2onnx._parse import sklearn_parsers_map
-    from skl2onnx._supported_operators import sklearn_operator_name_map
-
-    return type(obj) in sklearn_operator_name_map or type(obj) in sklearn_parsers_map
-
-
-def _root_path(estimator: Any) -> str:
-    return type(estimator).__name__.lower()
-
-
-def _children(obj: Any, *, deep: bool) -> Iterator[tuple[str, Any]]:
-    """(relative path, sub-estimator) for the steps of a Pipeline, FeatureUnion or
-    ColumnTransformer, and with ``deep`` the estimators a meta-estimator holds."""
-    from sklearn.compose import ColumnTransformer
-    from sklearn.pipeline import FeatureUnion, Pipeline
-
-    if isinstance(obj, Pipeline):
-        yield from obj.steps
-    elif isinstance(obj, FeatureUnion):
-        yield from obj.transformer_list
-    elif isinstance(obj, ColumnTransformer):
-        fitted = getattr(obj, "transformers_", None)
-        for name, step, _columns in fitted if fitted is not None else obj.transformers:
-            yield name, step
-    elif deep and not hasattr(obj, "get_support"):
-        # Feature selectors (SelectFromModel, RFE) convert to a column mask: their estimator_
-        # never reaches skl2onnx.
-        for attr in _CHILD_ATTRS:
-            value = getattr(obj, attr, None)
-            if value is None:
-                continue
-            if isinstance(value, (list, tuple, np.ndarray)):
-                for i, child in enumerate(np.asarray(value, dtype=object).ravel()):
-                    # CalibratedClassifierCV keeps _CalibratedClassifier wrappers of the estimator.
-                    inner = (
-                        getattr(child, "estimator", child) if attr.startswith("calib") else child
-                    )
-                    yield f"{attr}[{i}]", inner
-            else:
-                yield attr, value
-
-
-def _walk(estimator: Any, *, deep: bool) -> Iterator[tuple[Any, str]]:
-    """(estimator, step path) for the model and every step in it, stopping at steps skl2onnx
-    does not know (their insides never reach it)."""
-
-    def visit(obj: Any, path: str) -> Iterator[tuple[Any, str]]:
-        if obj is None or (isinstance(obj, str) and obj in _PLACEHOLDERS):
-            return
-        if not hasattr(obj, "fit"):
-            return  # fitted attributes that are not estimators (arrays of scores...)
-        yield obj, path
-        if _known_to_skl2onnx(obj):
-            for name, child in _children(obj, deep=deep):
-                yield from visit(child, f"{path}/{name}")
-
-    yield from visit(estimator, _root_path(estimator))
-
-
-def _unsupported(estimator: Any, *, deep: bool = False) -> list[tuple[str, str]]:
-    """(class name, step path) of every step skl2onnx has no converter for, in pipeline order.
-
-    Every step of a container goes through skl2onnx's registry, so the shallow walk is exact and
-    runs before converting. The deep one also looks inside meta-estimators (search, stacking,
-    voting, bagging...), whose converters may handle their members in their own ways; it runs
-    only to explain a failed conversion.
-    """
-    return [
-        (type(obj).__name__, path)
-        for obj, path in _walk(estimator, deep=deep)
-        if not _known_to_skl2onnx(obj)
-    ]
-
-
-def _unsupported_message(ops: list[tuple[str, str]], what: str) -> str:
-    return (
-        f"skl2onnx has no converter for {len({op for op, _ in ops})} step type(s) in {what}: "
-        f"{list_ops(ops)}. Replace them with supported scikit-learn steps, or register a "
-        "converter for each with skl2onnx.update_registered_converter (for xgboost/lightgbm "
-        "models, onnxmltools provides them)"
-    )
 
 
 # --- the converted model ---------------------------------------------------------------------
