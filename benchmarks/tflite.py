@@ -47,7 +47,7 @@ its default XNNPACK delegate, ``num_threads`` = the usable cores). Measured per 
   (``kit_models.entry(mid)["judge"]`` through ``ferry.parity.judge``: top-1 for the classifiers,
   the pixel mask for the text detector, argmax agreement for the CTC recognizer, cosine for the
   detectors' raw maps), and the largest absolute difference;
-* TRANSPOSE ops left in each ``.tflite`` (read with ``ferry.formats.read_tflite``, every
+* TRANSPOSE ops left in each ``.tflite`` (read with ``ferry.tflite.read_tflite``, every
   subgraph; the operator histogram is in ``--json``), the pieces XNNPACK took each file in (a
   note where ferry's is more than one: the operators between run on LiteRT's own kernels),
   conversion seconds (onnx2tf's: its subprocess, Python start and imports included; ferry's: the
@@ -347,7 +347,7 @@ def run_ferry(
 
 def inspect_tflite(made: Made) -> None:
     """Transposes and operators (ferry's reader, every subgraph) and the file's size."""
-    from ferry.formats import read_tflite
+    from ferry.tflite import read_tflite
 
     path = Path(made.path)
     made.bytes = path.stat().st_size

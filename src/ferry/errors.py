@@ -2,10 +2,13 @@
 
 Every error a user can cause is a :class:`FerryError`. Its message names the file, input, node or op
 at fault and says what to do; the CLI prints it on one line and exits 2. Anything else escaping the
-library is a bug in ferry (the CLI exits 1 and asks for a report).
+library is a bug in ferry (the CLI exits 1 and asks for a report). :func:`list_ops` words the ops
+an :class:`UnsupportedOpError` lists, the same way for every converter.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
 
 __all__ = [
     "BackendUnavailableError",
@@ -16,6 +19,7 @@ __all__ = [
     "ModelLoadError",
     "PlanError",
     "UnsupportedOpError",
+    "list_ops",
 ]
 
 
@@ -55,3 +59,20 @@ class PlanError(FerryError):
 
 class ExecutionError(FerryError):
     """An engine failed while running a model on the given inputs (a Reshape that does not fit...)."""
+
+
+def list_ops(
+    ops: Iterable[tuple[str, str]], *, reasons: Mapping[str, str] | None = None, shown: int = 5
+) -> str:
+    """``op xN (node, node, +K more)`` for each op type among ``(op, node)`` pairs, the most
+    frequent first (ties in order of appearance), ``: reason`` after each op ``reasons`` explains.
+    Op types are separated by ``; ``, or by `` | `` when there are reasons (which hold ``;``)."""
+    by_op: dict[str, list[str]] = {}
+    for op, node in ops:
+        by_op.setdefault(op, []).append(node)
+    parts = []
+    for op, nodes in sorted(by_op.items(), key=lambda item: -len(item[1])):
+        more = f", +{len(nodes) - shown} more" if len(nodes) > shown else ""
+        why = f": {reasons[op]}" if reasons and op in reasons else ""
+        parts.append(f"{op} x{len(nodes)} ({', '.join(nodes[:shown])}{more}){why}")
+    return (" | " if reasons else "; ").join(parts)

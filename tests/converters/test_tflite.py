@@ -20,9 +20,9 @@ from ferry.errors import BackendUnavailableError, ModelLoadError, UnsupportedOpE
 
 pytest.importorskip("tflite", reason="the 'tflite' schema package is not installed")
 
-from ferry.converters._tflite.builder import onnx_type
 from ferry.converters._tflite.reference import make_reference
-from ferry.formats import read_tflite
+from ferry.tflite import read_tflite
+from ferry.tflite._tflite_to_onnx._builder import onnx_type
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "tflite"
 
@@ -402,7 +402,7 @@ def test_streaming_follows_litert_call_after_call(litert: Any) -> None:
 def test_state_ferry_cannot_read_is_named() -> None:
     """An initial value the init subgraph computes, and variables reached without VAR_HANDLE:
     one error naming every op and why."""
-    from ferry.converters._tflite.translate import translate
+    from ferry.tflite import translate
 
     model = read_tflite((DATA / "streaming.tflite").read_bytes(), "streaming.tflite")
     init = model.subgraphs[1]

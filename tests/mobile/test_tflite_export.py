@@ -14,9 +14,8 @@ from tflite_graphs import export, model, opcodes, weights
 
 from ferry.cli.main import cli
 from ferry.errors import ConversionError, InvalidInputError, UnsupportedOpError
-from ferry.formats import TFLiteModel, read_tflite, write_tflite
-from ferry.formats._tflite_lowering import TRANSLATORS
 from ferry.mobile import export_tflite, lower_model, to_tflite_model
+from ferry.tflite import TRANSLATORS, TFLiteModel, read_tflite, write_tflite
 
 pytest.importorskip("ai_edge_litert", reason="LiteRT verifies the exports")
 

@@ -14,8 +14,8 @@ from onnx import TensorProto, helper
 from tflite_graphs import model, weights
 
 import ferry
-from ferry.formats import TFLiteOperator, TFLiteSubgraph, read_tflite
 from ferry.mobile import TFLiteExport, export_tflite, lower_model
+from ferry.tflite import TFLiteOperator, TFLiteSubgraph, read_tflite
 
 pytest.importorskip("ai_edge_litert", reason="LiteRT verifies the exports")
 

@@ -13,7 +13,7 @@ import pytest
 from onnx import helper
 from tflite_graphs import body_transposes, export, model, opcodes, weights
 
-from ferry.formats._tflite_lowering._layout import (
+from ferry.tflite._onnx_to_tflite._layout import (
     after_reduce,
     after_transpose,
     channels_last,

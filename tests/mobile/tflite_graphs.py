@@ -10,8 +10,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ferry.formats import read_tflite
 from ferry.mobile import TFLiteExport, export_tflite
+from ferry.tflite import read_tflite
 
 RNG = np.random.default_rng(7)
 

@@ -19,11 +19,11 @@ import pytest
 import ferry
 import kit_models
 from ferry.errors import UnsupportedOpError
-from ferry.formats import read_tflite
 from ferry.mobile import TFLiteExport, export_tflite
 from ferry.mobile._litert import KERNELS, LiteRT
 from ferry.mobile._tflite_export import INT8_BUDGET
 from ferry.parity import within_budget
+from ferry.tflite import read_tflite
 
 pytest.importorskip("ai_edge_litert", reason="LiteRT runs the exports")
 

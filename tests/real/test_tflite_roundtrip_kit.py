@@ -36,11 +36,11 @@ import pytest
 import ferry
 import kit_models
 from ferry._state_names import STATE_INPUT_PREFIX, STATE_OUTPUT_PREFIX
-from ferry.formats import TFLiteModel, read_tflite
 from ferry.mobile import TFLiteExport, export_tflite
 from ferry.mobile._litert import KERNELS, LiteRT
 from ferry.mobile._tflite_lower import optional_inputs
 from ferry.parity import compare_outputs
+from ferry.tflite import TFLiteModel, read_tflite
 
 pytest.importorskip("ai_edge_litert", reason="LiteRT runs both .tflite files")
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import kit_models
-from ferry.formats import read_tflite, write_tflite
+from ferry.tflite import read_tflite, write_tflite
 from tf_references import LiteRTStream, litert_output_quantization
 
 pytest.importorskip("ai_edge_litert.interpreter", reason="ai-edge-litert (LiteRT) is not installed")

@@ -77,7 +77,7 @@ class LiteRTStream:
 
 def _assigned_tensors(path: Path) -> dict[str, int]:
     """Variable (``shared_name``) -> the tensor of subgraph 0 its last ASSIGN_VARIABLE writes."""
-    from ferry.formats import read_tflite
+    from ferry.tflite import read_tflite
 
     main = read_tflite(path.read_bytes(), str(path)).subgraphs[0]
     names: dict[int, str] = {}

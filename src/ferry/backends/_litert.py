@@ -3,8 +3,8 @@
 Before -> After::
 
     partition (a standalone ONNX model, NCHW, symbolic batch)
-        -> TFLiteModel at static sizes (:mod:`ferry.formats._tflite_lowering`, NHWC inside,
-           ONNX's layout at the edges) -> ``.tflite`` bytes (:func:`ferry.formats.write_tflite`)
+        -> TFLiteModel at static sizes (:mod:`ferry.tflite`'s lowering, NHWC inside,
+           ONNX's layout at the edges) -> ``.tflite`` bytes (:func:`ferry.tflite.write_tflite`)
         -> LiteRT ``Interpreter`` with its default delegate (XNNPACK) and ``num_threads``
 
 What it takes. A node is taken when the lowering can lower it in the model at its real sizes
@@ -45,16 +45,16 @@ from ferry.errors import (
     ModelLoadError,
     UnsupportedOpError,
 )
-from ferry.formats import write_tflite
-from ferry.formats._tflite_lowering import (
+from ferry.graph import graph_inputs, shape_of
+from ferry.tflite import (
     TRANSLATORS,
     is_qdq,
     lower_prepared,
     node_problems,
     prepare_static,
     static_inputs,
+    write_tflite,
 )
-from ferry.graph import graph_inputs, shape_of
 
 __all__ = ["EXCHANGEABLE", "MAX_VARIANTS", "LiteRTBackend", "LiteRTPartition"]
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from ferry.backends._base import native_stderr_to_log
-from ferry.errors import InvalidInputError
+from ferry.errors import InvalidInputError, list_ops
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -293,23 +293,6 @@ def first_line(error: object, *, limit: int = 500) -> str:
         return type(error).__name__
     text = lines[0]
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def list_ops(
-    ops: Iterable[tuple[str, str]], *, reasons: Mapping[str, str] | None = None, shown: int = 5
-) -> str:
-    """``op xN (node, node, +K more)`` for each op type among ``(op, node)`` pairs, the most
-    frequent first (ties in order of appearance), ``: reason`` after each op ``reasons`` explains.
-    Op types are separated by ``; ``, or by `` | `` when there are reasons (which hold ``;``)."""
-    by_op: dict[str, list[str]] = {}
-    for op, node in ops:
-        by_op.setdefault(op, []).append(node)
-    parts = []
-    for op, nodes in sorted(by_op.items(), key=lambda item: -len(item[1])):
-        more = f", +{len(nodes) - shown} more" if len(nodes) > shown else ""
-        why = f": {reasons[op]}" if reasons and op in reasons else ""
-        parts.append(f"{op} x{len(nodes)} ({', '.join(nodes[:shown])}{more}){why}")
-    return (" | " if reasons else "; ").join(parts)
 
 
 def describe_feeds(feeds: Mapping[str, Any]) -> str:

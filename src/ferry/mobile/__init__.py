@@ -1,7 +1,7 @@
 """Export for phones and edge devices: ``.tflite`` through ferry's own ONNX -> TFLite lowering.
 
 :func:`export_tflite` lowers an ONNX model to TFLite builtin ops (NHWC inside, weights converted
-once), writes the ``.tflite`` file through :func:`ferry.formats.write_tflite`, and verifies it in
+once), writes the ``.tflite`` file through :func:`ferry.tflite.write_tflite`, and verifies it in
 LiteRT against ONNX Runtime on the source model; :func:`to_tflite_model` is the lowering alone
 (plain data), :func:`lower_model` the lowering with what the report says about it.
 :func:`export_ort_mobile` writes the ONNX Runtime Mobile form instead (``.ort`` and the op

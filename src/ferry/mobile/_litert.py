@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ferry.errors import BackendUnavailableError, ExecutionError, InvalidInputError
-from ferry.formats._tflite_lowering._layout import inverse
+from ferry.tflite import inverse
 
 __all__ = ["KERNELS", "LiteRT", "Placement"]
 

@@ -1,6 +1,6 @@
 """``export_tflite``: an ONNX model as a verified ``.tflite`` file, and its report.
 
-The model is lowered (:mod:`._lower`), serialized by :func:`ferry.formats.write_tflite`, and run
+The model is lowered (:mod:`._lower`), serialized by :func:`ferry.tflite.write_tflite`, and run
 in LiteRT twice per sample (XNNPACK as a phone runs it, then LiteRT's reference kernels) against
 ONNX Runtime on the source model. fp32 must meet :mod:`ferry.parity`'s tolerance contract;
 fp16, whose weights round by design, the default accuracy budget (cosine 0.999, argmax agreement
@@ -216,7 +216,7 @@ def export_tflite(
             ):
                 given[name] = tuple(np.shape(feeds_list[0][name]))
     lowered = lower_model(source, shapes=given or None, precision=precision, nhwc_io=nhwc_io)
-    from ferry.formats import write_tflite
+    from ferry.tflite import write_tflite
 
     data = write_tflite(lowered.model)
     report = _report(lowered, data, str(where or "the model"), str(dest), precision)

@@ -8,7 +8,7 @@ Before -> After::
 
 The model is prepared the way every ferry verb prepares one (:func:`ferry.graph.prepare`, then
 the optimizer's basic pipeline at fixed input sizes), then lowered by the core in
-:mod:`ferry.formats._tflite_lowering`.
+:mod:`ferry.tflite` (its ``_onnx_to_tflite`` package).
 
 Inputs with a default (initializers the model also lists as inputs, IR >= 4: a streaming
 model's state, ``state:<variable>``) are inputs of the ``.tflite`` file too: TFLite has no
@@ -26,18 +26,18 @@ import onnx
 import onnx_ir as ir
 
 from ferry.errors import UnsupportedOpError
-from ferry.formats import TFLiteModel
-from ferry.formats._tflite_lowering import (
+from ferry.graph import load_model, prepare
+from ferry.tflite import (
     PRECISIONS,
     TRANSLATORS,
     IOInfo,
     Lowered,
+    TFLiteModel,
     check_precision,
     infer_shapes,
     lower_prepared,
     static_inputs,
 )
-from ferry.graph import load_model, prepare
 
 __all__ = [
     "PRECISIONS",
@@ -65,7 +65,7 @@ def to_tflite_model(
     precision: str = "fp32",
     nhwc_io: bool = False,
 ) -> TFLiteModel:
-    """Lower an ONNX model to TFLite (plain data; :func:`ferry.formats.write_tflite` writes it).
+    """Lower an ONNX model to TFLite (plain data; :func:`ferry.tflite.write_tflite` writes it).
 
     See :func:`lower_model`; this returns its model only.
     """

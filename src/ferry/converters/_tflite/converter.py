@@ -7,7 +7,8 @@ Before -> After::
            DequantizeLinear pairs around float ops; NCHW-only ONNX ops (Conv, pooling...) and
            the ops between them computed in NCHW, so Transposes sit at the graph's edges;
            resource variables, a streaming model's state, as inputs ``state:<name>`` with their
-           initial values as defaults and outputs ``state_out:<name>``, see ``state``)
+           initial values as defaults and outputs ``state_out:<name>``, see
+           :func:`ferry.tflite.find_state`)
 
 Reading needs the pure-Python ``tflite`` schema package; the reference (the source model run on the
 same inputs) uses the LiteRT interpreter (``ai-edge-litert``) when it is installed, else
@@ -26,14 +27,19 @@ from pathlib import Path
 import numpy as np
 
 from ferry.converters._base import Converted, ConvertOptions, as_array, name_examples
-from ferry.converters._tflite.state import (
+from ferry.errors import ConversionError, InvalidInputError, ModelLoadError
+from ferry.tflite import (
     STATE_INPUT_PREFIX,
     STATE_OUTPUT_PREFIX,
+    TFLITE_DTYPES,
     State,
+    TFLiteSubgraph,
+    TFLiteTensor,
     find_state,
+    is_tflite,
+    read_tflite,
+    translate,
 )
-from ferry.errors import ConversionError, InvalidInputError, ModelLoadError
-from ferry.formats import TFLITE_DTYPES, TFLiteSubgraph, TFLiteTensor, is_tflite, read_tflite
 
 __all__ = ["TFLiteConverter"]
 
@@ -77,7 +83,6 @@ class TFLiteConverter:
             BackendUnavailableError: the ``tflite`` schema package is missing.
         """
         from ferry.converters._tflite.reference import make_reference
-        from ferry.converters._tflite.translate import translate
 
         data, label = _load(source)
         model = read_tflite(data, label)

@@ -1,6 +1,6 @@
 """The parity reference: the source ``.tflite`` run by the LiteRT interpreter.
 
-A stateful model (resource variables, see ``state``) is run two ways. Called without state
+A stateful model (resource variables, see :func:`ferry.tflite.find_state`) is run two ways. Called without state
 inputs, or with their initial values, the reference is the file itself in a fresh interpreter
 (its CALL_ONCE initialises the variables as on a device's first call), with the variables' new
 values read from the tensors assigned to them. Called with other state, it is a copy of the file
@@ -24,8 +24,7 @@ from typing import Any
 import numpy as np
 
 from ferry.converters._base import ReferenceFn, first_line, native_stderr_to_log, require_inputs
-from ferry.converters._tflite.state import STATE_OPS, State
-from ferry.formats import TFLITE_IDENTIFIER, TFLITE_INT4, TFLiteSubgraph
+from ferry.tflite import STATE_OPS, TFLITE_IDENTIFIER, TFLITE_INT4, State, TFLiteSubgraph
 
 __all__ = [
     "HYBRID_OPS",

@@ -17,8 +17,8 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
-from ferry.formats._tflite_lowering._context import Lowering, Unsupported, attr
-from ferry.formats._tflite_lowering._layout import (
+from ferry.tflite._onnx_to_tflite._context import Lowering, attr
+from ferry.tflite._onnx_to_tflite._layout import (
     after_reduce,
     after_transpose,
     axis_of,
@@ -26,7 +26,8 @@ from ferry.formats._tflite_lowering._layout import (
     permute,
     reshape_perm,
 )
-from ferry.formats._tflite_lowering._ops_elementwise import shared_perm
+from ferry.tflite._onnx_to_tflite._ops_elementwise import shared_perm
+from ferry.tflite._unsupported import Unsupported
 
 __all__ = ["OPS", "reshape_to"]
 

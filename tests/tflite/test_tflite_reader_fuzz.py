@@ -37,7 +37,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from ferry.errors import ModelLoadError
-from ferry.formats import TFLiteModel, read_tflite
+from ferry.tflite import TFLiteModel, read_tflite
 from time_bound import Hang, bounded
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "real"))

@@ -1,7 +1,7 @@
 """The TFLite subgraph being written: tensors, operators, deduplicated constants, unique names.
 
-Plain data only (the dataclasses of :mod:`ferry.formats`); :func:`ferry.formats.write_tflite`
-turns the finished :class:`~ferry.formats.TFLiteModel` into bytes.
+Plain data only (the dataclasses of :mod:`ferry.tflite`); :func:`ferry.tflite.write_tflite`
+turns the finished :class:`~ferry.tflite.TFLiteModel` into bytes.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ferry.formats import (
+from ferry.tflite._schema import (
     TFLITE_DTYPES,
     TFLITE_INT4,
     TFLiteModel,

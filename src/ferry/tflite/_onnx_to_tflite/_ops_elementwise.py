@@ -18,8 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from ferry.formats._tflite_lowering._context import Lowering, Unsupported, attr
-from ferry.formats._tflite_lowering._layout import Perm, axis_of, identity, is_identity
+from ferry.tflite._onnx_to_tflite._context import Lowering, attr
+from ferry.tflite._onnx_to_tflite._layout import Perm, axis_of, identity, is_identity
+from ferry.tflite._unsupported import Unsupported
 
 __all__ = ["OPS", "binary", "shared_perm", "unary"]
 
@@ -199,7 +200,7 @@ def _scalar_const(cx: Lowering, value: ir.Value, what: str) -> float:
 def _hard_sigmoid(cx: Lowering, node: ir.Node) -> None:
     alpha, beta = float(attr(node, "alpha", 0.2)), float(attr(node, "beta", 0.5))
     if cx.int8:
-        from ferry.formats._tflite_lowering._int8 import hard_sigmoid
+        from ferry.tflite._onnx_to_tflite._int8 import hard_sigmoid
 
         hard_sigmoid(cx, node, alpha, beta)
         return

@@ -16,21 +16,19 @@ from typing import Any, Protocol
 import numpy as np
 import onnx_ir as ir
 
-from ferry.formats import TFLITE_DTYPES, TFLiteQuant
-from ferry.formats._tflite_lowering._builder import INT32, Builder, tflite_type
-from ferry.formats._tflite_lowering._layout import (
+from ferry.graph import constant
+from ferry.tflite._onnx_to_tflite._builder import INT32, Builder, tflite_type
+from ferry.tflite._onnx_to_tflite._layout import (
     Perm,
     identity,
     memory_order_kept,
     permute,
     transpose_between,
 )
+from ferry.tflite._schema import TFLITE_DTYPES, TFLiteQuant
+from ferry.tflite._unsupported import Unsupported
 
-__all__ = ["ConstQuant", "Held", "Lowering", "Options", "Unsupported", "WeightWriter", "attr"]
-
-
-class Unsupported(Exception):
-    """A translator cannot lower this node as it is (the message says why)."""
+__all__ = ["ConstQuant", "Held", "Lowering", "Options", "WeightWriter", "attr"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,15 +150,15 @@ class Lowering:
         return code
 
     def const(self, value: ir.Value | None) -> np.ndarray | None:
-        """The value's numbers when it is a constant (a weight, or folded here), else None."""
+        """The value's numbers when it is a constant (a weight, a Constant node's, or folded here),
+        else None (an initializer that is also a graph input may be fed: not a constant)."""
         if value is None:
             return None
         if value in self.folded:
             return self.folded[value]
-        tensor = value.const_value
-        if tensor is None or value.is_graph_input():
+        array = constant(value)
+        if array is None:
             return None
-        array = tensor.numpy()
         self.folded[value] = array
         return array
 

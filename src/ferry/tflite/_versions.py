@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ferry.formats._tflite_schema import (
+from ferry.tflite._schema import (
     OPTION_ENUMS,
     TFLITE_INT4,
     TFLiteOperator,

@@ -17,8 +17,9 @@ Values are the stored numbers: an int8 variable is an int8 input and output (Lit
 bytes), read with the quantization of the tensor that reads it. A variable the init subgraph
 does not assign starts at zeros, as in a fresh LiteRT interpreter.
 
-:func:`find_state` reads this off the model once; the translators (``ops``) and the LiteRT
-reference (``reference``) both follow it, so that they agree on names and order.
+:func:`find_state` reads this off the model once; the translators (``_ops*``) and the LiteRT
+reference (``ferry.converters._tflite.reference``) both follow it, so that they agree on names
+and order.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import dataclasses
 import numpy as np
 
 from ferry._state_names import STATE_INPUT_PREFIX, STATE_OUTPUT_PREFIX
-from ferry.formats import TFLITE_DTYPES, TFLiteModel, TFLiteSubgraph
+from ferry.tflite._schema import TFLITE_DTYPES, TFLiteModel, TFLiteSubgraph
 
 __all__ = [
     "STATE_INPUT_PREFIX",

@@ -1,4 +1,4 @@
-"""The TFLite writer (``ferry.formats.write_tflite``).
+"""The TFLite writer (``ferry.tflite.write_tflite``).
 
 Every committed fixture (written by TensorFlow's converter, ``tests/data/tflite``) is read,
 written back and read again: the same model field by field, and, run in LiteRT, the same outputs
@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("tflite", reason="the 'tflite' schema package is not installed")
 
 from ferry.errors import InvalidInputError
-from ferry.formats import (
+from ferry.tflite import (
     TFLITE_INT4,
     TFLiteModel,
     TFLiteOperator,
@@ -29,7 +29,7 @@ from ferry.formats import (
     TFLiteSignature,
     TFLiteSubgraph,
     TFLiteTensor,
-    _tflite_writer,
+    _writer,
     read_tflite,
     tflite_op_version,
     tflite_schema,
@@ -332,7 +332,7 @@ def _op_model(
 def _t(
     shape: Sequence[int], type: int = F32, q: TFLiteQuant | None = None, const: bool = False
 ) -> TFLiteTensor:
-    data = np.zeros(shape, _tflite_writer.TFLITE_DTYPES[type]) if const else None
+    data = np.zeros(shape, _writer.TFLITE_DTYPES[type]) if const else None
     return tensor(0, "t", shape, type, quant=q, data=data)
 
 
@@ -895,6 +895,6 @@ def test_other_mistakes_are_named() -> None:
 
 def test_models_past_the_flatbuffer_limit_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """The 2 GiB limit, checked before building (lowered here to stand for a big model)."""
-    monkeypatch.setattr(_tflite_writer, "FLATBUFFER_LIMIT", 1500)
+    monkeypatch.setattr(_writer, "FLATBUFFER_LIMIT", 1500)
     model, _, _ = conv_relu_model()
     assert "2 GiB" in _error(model)

@@ -18,9 +18,10 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
-from ferry.formats._tflite_lowering._builder import INT32, INT64
-from ferry.formats._tflite_lowering._context import Lowering, Unsupported, attr
-from ferry.formats._tflite_lowering._layout import after_reduce, axis_of, identity, permute
+from ferry.tflite._onnx_to_tflite._builder import INT32, INT64
+from ferry.tflite._onnx_to_tflite._context import Lowering, attr
+from ferry.tflite._onnx_to_tflite._layout import after_reduce, axis_of, identity, permute
+from ferry.tflite._unsupported import Unsupported
 
 __all__ = ["OPS"]
 

@@ -1,14 +1,14 @@
 """ferry's ONNX -> TFLite lowering (private): translators, layouts, folding, fusion, int8.
 
-The core only: a prepared model (static shapes) becomes a :class:`~ferry.formats.TFLiteModel`
-that :func:`~ferry.formats.write_tflite` writes. ``ferry.mobile`` prepares models with the
+The core only: a prepared model (static shapes) becomes a :class:`~ferry.tflite.TFLiteModel`
+that :func:`~ferry.tflite.write_tflite` writes. ``ferry.mobile`` prepares models with the
 optimizer first and verifies its exports; the ``litert`` backend lowers partitions with it.
 """
 
 from __future__ import annotations
 
-from ferry.formats._tflite_lowering._layout import Perm, inverse
-from ferry.formats._tflite_lowering._lower import (
+from ferry.tflite._onnx_to_tflite._layout import Perm, inverse
+from ferry.tflite._onnx_to_tflite._lower import (
     PRECISIONS,
     TRANSLATORS,
     IOInfo,

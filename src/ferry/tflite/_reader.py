@@ -1,11 +1,11 @@
-"""Read a ``.tflite`` flatbuffer into plain data (the dataclasses of ``_tflite_schema``).
+"""Read a ``.tflite`` flatbuffer into plain data (the dataclasses of ``_schema``).
 
 The flatbuffer is walked once, eagerly, through the classes of the ``tflite`` package (generated
 from TFLite's ``schema.fbs``, pure Python). Reading eagerly means a corrupt or truncated file fails
 here, with the file named, rather than halfway through a translation; the constant buffers are
 kept as zero-copy numpy views of the file's bytes. Sparse constants keep their compressed values;
 :func:`densify_tflite` expands them. What is read is enough to write the model back
-(:func:`ferry.formats.write_tflite`): options tables by name, SignatureDefs, metadata.
+(:func:`ferry.tflite.write_tflite`): options tables by name, SignatureDefs, metadata.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ferry.errors import ModelLoadError
-from ferry.formats._tflite_schema import (
+from ferry.tflite._schema import (
     TFLITE_DTYPES,
     TFLITE_INT4,
     TFLiteDimMetadata,

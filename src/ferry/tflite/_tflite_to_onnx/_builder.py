@@ -26,11 +26,18 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from ferry.converters._tflite.state import State
 from ferry.errors import ConversionError
-from ferry.formats import TFLITE_INT4, TFLiteOperator, TFLiteQuant, TFLiteSubgraph, TFLiteTensor
+from ferry.tflite._schema import (
+    TFLITE_INT4,
+    TFLiteOperator,
+    TFLiteQuant,
+    TFLiteSubgraph,
+    TFLiteTensor,
+)
+from ferry.tflite._tflite_to_onnx._state import State
+from ferry.tflite._unsupported import Unsupported
 
-__all__ = ["NCHW", "NHWC", "Builder", "Unsupported", "onnx_type"]
+__all__ = ["NCHW", "NHWC", "Builder", "onnx_type"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,10 +72,6 @@ _DQ_CONST_TYPES = {2, TFLITE_INT4}
 _OPSET_16BIT_QDQ = 21
 
 
-class Unsupported(Exception):
-    """A translator cannot handle this op as configured (the reason is the message)."""
-
-
 def onnx_type(tflite_type: int) -> ir.DataType:
     """The ONNX element type of a TFLite TensorType code."""
     try:
@@ -83,7 +86,7 @@ class Builder:
     Args:
         subgraph: the TFLite subgraph being translated.
         opset: the default-domain opset the translators write for.
-        state: its resource variables (``state``), which become graph inputs and outputs.
+        state: its resource variables (``_state``), which become graph inputs and outputs.
     """
 
     def __init__(self, subgraph: TFLiteSubgraph, opset: int, state: State | None = None) -> None:

@@ -20,8 +20,9 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import onnx_ir as ir
 
-from ferry.formats._tflite_lowering._builder import FLOAT32
-from ferry.formats._tflite_lowering._context import Lowering, Unsupported, attr
+from ferry.tflite._onnx_to_tflite._builder import FLOAT32
+from ferry.tflite._onnx_to_tflite._context import Lowering, attr
+from ferry.tflite._unsupported import Unsupported
 
 __all__ = ["MAX_STEPS", "OPS"]
 

@@ -19,8 +19,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from ferry.formats._tflite_lowering._context import Lowering, Unsupported, attr
-from ferry.formats._tflite_lowering._layout import axis_of
+from ferry.tflite._onnx_to_tflite._context import Lowering, attr
+from ferry.tflite._onnx_to_tflite._layout import axis_of
+from ferry.tflite._unsupported import Unsupported
 
 __all__ = ["OPS"]
 

@@ -1,4 +1,4 @@
-"""ONNX -> TFLite lowering of a prepared model: it becomes a :class:`~ferry.formats.TFLiteModel`.
+"""ONNX -> TFLite lowering of a prepared model: it becomes a :class:`~ferry.tflite.TFLiteModel`.
 
 Before -> After::
 
@@ -28,31 +28,32 @@ import onnx_ir as ir
 
 from ferry._version import __version__
 from ferry.errors import InvalidInputError, UnsupportedOpError
-from ferry.formats import TFLITE_TYPE_NAMES, TFLiteModel, TFLiteTensor
-from ferry.formats._tflite_lowering._context import Held, Lowering, Options, Unsupported
-from ferry.formats._tflite_lowering._fold import evaluate
-from ferry.formats._tflite_lowering._fuse import (
+from ferry.graph import graph_inputs, infer_value_types, prepare, shape_of
+from ferry.tflite._onnx_to_tflite._context import Held, Lowering, Options
+from ferry.tflite._onnx_to_tflite._fold import evaluate
+from ferry.tflite._onnx_to_tflite._fuse import (
     cleanup,
     fuse_activations,
     fuse_bias,
     fuse_hard_swish,
     weights_to_fp16,
 )
-from ferry.formats._tflite_lowering._int8 import (
+from ferry.tflite._onnx_to_tflite._int8 import (
     QDQ_OPS,
     Int8Weights,
     finish_int8,
     fold_qdq,
     run_node,
 )
-from ferry.formats._tflite_lowering._layout import Perm, channels_last, identity, permute
-from ferry.formats._tflite_lowering._ops_conv import OPS as CONV_OPS
-from ferry.formats._tflite_lowering._ops_elementwise import OPS as ELEMENTWISE_OPS
-from ferry.formats._tflite_lowering._ops_math import OPS as MATH_OPS
-from ferry.formats._tflite_lowering._ops_rnn import OPS as RNN_OPS
-from ferry.formats._tflite_lowering._ops_shape import OPS as SHAPE_OPS
-from ferry.formats._tflite_lowering._static import fold_constants
-from ferry.graph import graph_inputs, infer_value_types, prepare, shape_of
+from ferry.tflite._onnx_to_tflite._layout import Perm, channels_last, identity, permute
+from ferry.tflite._onnx_to_tflite._ops_conv import OPS as CONV_OPS
+from ferry.tflite._onnx_to_tflite._ops_elementwise import OPS as ELEMENTWISE_OPS
+from ferry.tflite._onnx_to_tflite._ops_math import OPS as MATH_OPS
+from ferry.tflite._onnx_to_tflite._ops_rnn import OPS as RNN_OPS
+from ferry.tflite._onnx_to_tflite._ops_shape import OPS as SHAPE_OPS
+from ferry.tflite._onnx_to_tflite._static import fold_constants
+from ferry.tflite._schema import TFLITE_TYPE_NAMES, TFLiteModel, TFLiteTensor
+from ferry.tflite._unsupported import Unsupported
 
 __all__ = [
     "PRECISIONS",

@@ -17,7 +17,7 @@ from collections.abc import Collection
 
 import numpy as np
 
-from ferry.formats._tflite_lowering._builder import FLOAT16, FLOAT32, Builder
+from ferry.tflite._onnx_to_tflite._builder import FLOAT16, FLOAT32, Builder
 
 __all__ = [
     "FUSABLE",

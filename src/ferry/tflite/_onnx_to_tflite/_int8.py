@@ -32,9 +32,10 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from ferry.formats import TFLiteOperator, TFLiteQuant
-from ferry.formats._tflite_lowering._builder import FLOAT32, INT8, INT32, Builder
-from ferry.formats._tflite_lowering._context import ConstQuant, Held, Lowering, Unsupported, attr
+from ferry.tflite._onnx_to_tflite._builder import FLOAT32, INT8, INT32, Builder
+from ferry.tflite._onnx_to_tflite._context import ConstQuant, Held, Lowering, attr
+from ferry.tflite._schema import TFLiteOperator, TFLiteQuant
+from ferry.tflite._unsupported import Unsupported
 
 __all__ = ["INT8_OPS", "Int8Weights", "finish_int8", "fold_qdq", "run_node"]
 

@@ -10,8 +10,8 @@ def test_corrupt_sparsity_is_refused_before_it_allocates() -> None:
     """Sparse weights: the densified size and every level's paths are bounded by the stored
     values (a corrupt dense_size of 2**40 would otherwise allocate before any check)."""
     from ferry.errors import ModelLoadError
-    from ferry.formats._tflite_reader import densify_tflite
-    from ferry.formats._tflite_schema import TFLiteDimMetadata, TFLiteSparsity
+    from ferry.tflite._reader import densify_tflite
+    from ferry.tflite._schema import TFLiteDimMetadata, TFLiteSparsity
 
     values = np.arange(4, dtype=np.float32)
     dense = TFLiteDimMetadata(True, 2, None, None)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from ferry.formats._tflite_lowering._fold import evaluate
+from ferry.graph import constant
+from ferry.tflite._onnx_to_tflite._fold import evaluate
 
 __all__ = ["fold_constants"]
 
@@ -36,7 +37,7 @@ def fold_constants(model: ir.Model) -> int:
             continue
         results = _static_shape(node)
         if results is None:
-            consts = [_constant(v) for v in node.inputs]
+            consts = [constant(v) for v in node.inputs]
             if any(c is None and v is not None for v, c in zip(node.inputs, consts)):
                 continue
             results = evaluate(node, consts, opset)
@@ -53,12 +54,6 @@ def fold_constants(model: ir.Model) -> int:
         model.graph.remove(node, safe=True)
         count += 1
     return count
-
-
-def _constant(value: ir.Value | None) -> np.ndarray | None:
-    if value is None or value.is_graph_input() or value.const_value is None:
-        return None
-    return value.const_value.numpy()
 
 
 def _static_shape(node: ir.Node) -> list[np.ndarray] | None:

@@ -14,12 +14,18 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from ferry._version import __version__
-from ferry.converters._base import list_ops
-from ferry.converters._tflite.builder import Builder, Unsupported
-from ferry.converters._tflite.ops import CONTROL_FLOW, CUSTOM_TRANSLATORS, TRANSLATORS
-from ferry.converters._tflite.state import State, find_state
-from ferry.errors import ConversionError, FerryError, UnsupportedOpError
-from ferry.formats import TFLiteModel, TFLiteOperator, TFLiteSubgraph
+from ferry.errors import ConversionError, FerryError, UnsupportedOpError, list_ops
+from ferry.tflite._schema import TFLiteModel, TFLiteOperator, TFLiteSubgraph
+from ferry.tflite._tflite_to_onnx import (  # noqa: F401  (each fills TRANSLATORS)
+    _ops_conv,
+    _ops_elementwise,
+    _ops_rnn,
+    _ops_shape,
+)
+from ferry.tflite._tflite_to_onnx._builder import Builder
+from ferry.tflite._tflite_to_onnx._ops import CONTROL_FLOW, CUSTOM_TRANSLATORS, TRANSLATORS
+from ferry.tflite._tflite_to_onnx._state import State, find_state
+from ferry.tflite._unsupported import Unsupported
 
 __all__ = ["DEFAULT_OPSET", "input_dims", "translate"]
 
@@ -65,7 +71,7 @@ def translate(
 ) -> ir.Model:
     """Translate ``model``'s main subgraph.
 
-    Resource variables (``state``, found by :func:`find_state` when not given) become graph
+    Resource variables (``_state``, found by :func:`find_state` when not given) become graph
     inputs ``state:<name>``, after the model's own, with their initial values as defaults, and
     graph outputs ``state_out:<name>``, after the model's own.
 
