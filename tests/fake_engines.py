@@ -21,7 +21,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from ferry.backends import CompileSpec, OpRule
+from ferry.backends import BackendBase, CompileSpec, OpRule
 
 WIDTH = 512
 LAYERS = 4
@@ -86,7 +86,7 @@ class _Cached:
         return b""
 
 
-class FakeEngine:
+class FakeEngine(BackendBase):
     """Claims every standard op; answers from its cache, transformed."""
 
     device = "cpu"

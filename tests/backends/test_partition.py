@@ -25,7 +25,14 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_ir.passes.common import NameFixPass
 
 import models
-from ferry.backends import DEFAULT_MIN_PARTITION_SIZE, OpRule, PlacementReport, explain, place
+from ferry.backends import (
+    DEFAULT_MIN_PARTITION_SIZE,
+    BackendBase,
+    OpRule,
+    PlacementReport,
+    explain,
+    place,
+)
 from ferry.errors import BackendUnavailableError, FerryError, InvalidInputError
 from ferry.graph import prepare
 from ferry.plan import Plan
@@ -34,7 +41,7 @@ OPSET = 17
 FALLBACK = "onnxruntime"
 
 
-class FakeBackend:
+class FakeBackend(BackendBase):
     """An accelerator that exists only as a rule table (and, optionally, an engine veto)."""
 
     def __init__(

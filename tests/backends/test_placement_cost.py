@@ -20,6 +20,7 @@ from ferry.backends import (
     LARGE_BOUNDARY_BYTES,
     LARGE_BOUNDARY_RATIO,
     MANY_PARTITIONS,
+    BackendBase,
     EngineUse,
     OpRule,
     PlacementCost,
@@ -32,7 +33,7 @@ OPSET = 17
 FALLBACK = "onnxruntime"
 
 
-class Accel:
+class Accel(BackendBase):
     """An accelerator that exists only as a rule table."""
 
     def __init__(self, ops: Iterable[str], name: str = "accel") -> None:

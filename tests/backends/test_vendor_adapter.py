@@ -27,7 +27,7 @@ def test_the_entry_point_registers_the_adapter(acme_npu: str) -> None:
     backend = get_backend("acme_npu")
     assert type(backend).__module__ == "ferry_acme_npu"  # ferry's own code knows nothing of it
     assert backend.device == "npu" and backend.available()
-    assert getattr(backend, "simulated", False) is True  # so backends="auto" never picks it
+    assert backend.simulated is True  # so backends="auto" never picks it
 
 
 def test_the_adapter_is_not_installed() -> None:

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 import ferry
 import ferry.backends
 import models
-from ferry.backends import CompileSpec, OpRule
+from ferry.backends import BackendBase, CompileSpec, OpRule
 from ferry.cli.main import cli
 from ferry.plan import Plan
 
@@ -43,7 +43,7 @@ class _Partition:
         return b""
 
 
-class WrongRelu:
+class WrongRelu(BackendBase):
     """An engine with a bug: it claims every standard op and computes Relu as Sigmoid."""
 
     name = "wrongrelu"

@@ -20,7 +20,7 @@ from onnx_ir.passes.common import NameFixPass
 import ferry
 import ferry.backends
 import models
-from ferry.backends import CompileSpec, OpRule
+from ferry.backends import BackendBase, CompileSpec, OpRule
 from ferry.plan import Partition, Plan
 from ferry.runtime import EngineCache, engine_key, resolve_cache
 from ferry.runtime import _cache as cache_mod
@@ -46,7 +46,7 @@ class FakePartition:
         return MAGIC + self.model_bytes
 
 
-class FakeBackend:
+class FakeBackend(BackendBase):
     """An engine that builds something worth caching (slowly: ``build_s``), and counts its calls."""
 
     name = "fake"

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 
 from ferry._lazy import lazy_getattr
 from ferry.backends._api import Backend, CompiledPartition, CompileSpec
-from ferry.backends._base import COMMON_OPTIONS, BackendBase, check_options
+from ferry.backends._base import COMMON_OPTIONS, BackendBase, check_options, require_base
+from ferry.backends._capability import rule_table
 from ferry.backends._placement import (
     DEFAULT_MIN_PARTITION_SIZE,
     LARGE_BOUNDARY_BYTES,
@@ -103,6 +104,8 @@ __all__ = [
     "output_used",
     "parse_backends",
     "place",
+    "require_base",
+    "rule_table",
     "subgraphs_supported",
     "supports",
     "unknown_ops",

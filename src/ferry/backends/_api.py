@@ -1,9 +1,10 @@
 """The adapter API every engine implements (in the spirit of Paddle Lite's NNAdapter).
 
 A backend is a small object that says what it is and where it runs, whether it can run here, and
-turns one partition of the graph into something executable. ``rules`` and ``validate`` (which ops it
-takes) serve placement; ``compile`` and ``load`` serve the Session. Built-in adapters share their
-boilerplate through :class:`~ferry.backends.BackendBase`; a vendor's may too.
+turns one partition of the graph into something executable. ``rules``, ``capability`` and
+``validate`` (which ops it takes) serve placement; ``compile`` and ``load`` serve the Session. Every
+adapter, built-in or a vendor's, derives from :class:`~ferry.backends.BackendBase`, which gives
+each optional member its default.
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ class CompiledPartition(Protocol):
 class Backend(Protocol):
     """An engine adapter. Instances are cheap; heavy SDK imports happen in ``compile``/``load``.
 
+    Every adapter derives from :class:`~ferry.backends.BackendBase`, which gives each optional
+    member below its default; the registry refuses one that does not. This Protocol is the
+    whole contract, for type checking: nothing else is read from a backend.
+
     Options a backend understands arrive in ``CompileSpec.options``: ``threads`` for all of them,
     ``precision`` (one of ``precisions``) for those that offer more than fp32.
     """
@@ -69,27 +74,24 @@ class Backend(Protocol):
     device: str
     #: Precisions it can run in, the first being its default (``("fp32", "fp16")``).
     precisions: tuple[str, ...]
-    #: What to pip install when ``available()`` is False.
-    install_hint: str
+    #: The options it takes besides ``threads`` and ``precision``; None takes any.
+    option_keys: frozenset[str] | None
+    #: No input of unknown rank may come to it from another engine.
+    ranked_inputs: bool
+    #: Shape subgraphs (``Shape -> Gather -> Concat -> Reshape``) may go with their consumers onto
+    #: it: it computes them itself.
+    computes_shapes: bool
+    #: It only imitates hardware (the example NPU adapter): ``backends="auto"`` never considers
+    #: it unless named.
+    simulated: bool
+    #: Whether its compiled partitions are worth storing in the engine cache: False when it
+    #: builds from the model every time (ONNX Runtime), None when not known in advance (an
+    #: empty ``serialize()`` then says so).
+    engine_cache: bool | None
 
-    def rules(self) -> Sequence[OpRule]:
-        """The ops it runs, declaratively; the partitioner proposes nodes from these."""
-        ...
-
-    def validate(self, model: ir.Model, nodes: Sequence[str]) -> dict[str, str]:
-        """Ask the engine itself which of ``nodes`` (names in ``model``) it rejects, with reasons.
-
-        Engines that can tell (OpenVINO's ``query_model``, TensorRT's ONNX parser) veto what their
-        rules over-claimed; others return ``{}``.
-
-        An engine that can be asked about a whole model may also define ``capability(model,
-        nodes) -> {node: True | reason}``: placement then takes its answer instead of the rules
-        plus this veto (OpenVINO does). Optional flags placement reads: ``ranked_inputs`` (no
-        input of unknown rank may come from another engine) and ``computes_shapes`` (shape
-        subgraphs may go with their consumers onto it). ``simulated = True`` marks an adapter
-        that only imitates hardware (the example NPU adapter): ``backends="auto"`` never
-        considers it unless named.
-        """
+    @property
+    def install_hint(self) -> str:
+        """What to pip install when ``available()`` is False."""
         ...
 
     @property
@@ -97,8 +99,37 @@ class Backend(Protocol):
         """The engine's version, part of the engine cache key."""
         ...
 
+    def cache_fingerprint(self) -> str:
+        """What its engines depend on beyond ``version`` (GPU model, driver...), part of the
+        engine cache key; empty when nothing."""
+        ...
+
     def available(self) -> bool:
         """Whether the engine is installed and can run on this machine."""
+        ...
+
+    def rules(self) -> Sequence[OpRule]:
+        """The ops it runs, declaratively; the partitioner proposes nodes from these.
+
+        Raises:
+            NotImplementedError: it publishes no rules.
+        """
+        ...
+
+    def capability(self, model: ir.Model, nodes: Sequence[str]) -> dict[str, bool | str] | None:
+        """Ask the engine about the whole model: for each of ``nodes``, True or why not.
+
+        None when the engine cannot be asked that way: placement then takes its ``rules``, less
+        what ``validate`` vetoes. OpenVINO and LiteRT answer.
+        """
+        ...
+
+    def validate(self, model: ir.Model, nodes: Sequence[str]) -> dict[str, str]:
+        """Ask the engine itself which of ``nodes`` (names in ``model``) it rejects, with reasons.
+
+        Engines that can tell (OpenVINO's ``query_model``, TensorRT's ONNX parser) veto what their
+        rules over-claimed; others return ``{}``.
+        """
         ...
 
     def compile(self, spec: CompileSpec) -> CompiledPartition:

@@ -1,9 +1,11 @@
-"""What every built-in adapter shares: its engine's version, availability and install hint, and
-how an engine is handed a model.
+"""The base every adapter derives from, with each optional capability's default, and what
+adapters share: their engine's version, availability and install hint, and how an engine is
+handed a model.
 
 An adapter names the module its engine's SDK is imported as (``sdk``) and the pip extra that
 installs it; the version comes from the SDK's ``__version__``, availability from whether it
-imports. Engines that can tell which nodes they reject override ``validate``.
+imports. Engines that can tell which nodes they reject override ``validate``; those that can be
+asked about a whole model override ``capability``.
 """
 
 from __future__ import annotations
@@ -16,10 +18,15 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 
 from ferry.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from ferry.backends._api import Backend, CompiledPartition, CompileSpec
+    from ferry.backends._rules import OpRule
 
 __all__ = [
     "COMMON_OPTIONS",
@@ -28,6 +35,7 @@ __all__ = [
     "exchangeable",
     "model_source",
     "native_stderr_to_log",
+    "require_base",
 ]
 
 #: Options every backend takes: ``threads`` (intra-op threads) and ``precision`` (one of its
@@ -69,28 +77,48 @@ def model_source(
 
 
 class BackendBase:
-    """Base for adapters: set ``name``, ``device``, ``precisions``, ``sdk`` and ``extra``.
+    """The one base every adapter derives from: set ``name``, ``device``, ``precisions``, ``sdk``
+    and ``extra``, and implement ``rules``, ``compile`` and ``load``.
+
+    Every optional capability is a typed attribute or method here, with the default an engine
+    that says nothing gets; placement, the runtime, the engine cache and the bench read them
+    directly, never probing with ``getattr``. The registry (and ``place`` when handed backend
+    objects) refuses an adapter that does not derive from this class, naming it: a third party's
+    adapter subclasses it too (``examples/vendor_adapter``), overriding ``version``,
+    ``available`` and ``install_hint`` when its engine is not a Python module ferry can import.
 
     Attributes:
+        name: the name it is registered and chosen by (``"openvino"``).
+        device: where it runs (``"cpu"``, ``"cuda"``, ``"npu"``); part of the engine cache key.
+        precisions: the precisions it runs in, its default first.
         sdk: the module the engine's Python API is imported as (``"openvino"``).
         extra: the ferry extra that installs it (``"openvino"``); empty when the engine is one of
             ferry's own dependencies, in which case ``install_hint`` names the SDK's package.
         needs: what else the engine needs beyond the package (``"needs an NVIDIA GPU"``).
+        option_keys: the options it takes besides ``threads`` and ``precision``; any other is
+            refused (:func:`check_options`). None takes any.
         ranked_inputs: the engine cannot take an input of unknown rank (placement then keeps
             such tensors from crossing into it).
-        option_keys: the options it takes besides ``threads`` and ``precision``; any other is
-            refused (:func:`check_options`).
+        computes_shapes: shape subgraphs (``Shape -> Gather -> Concat -> Reshape``) may go with
+            their consumers onto it, as it computes them itself; else they stay on the fallback.
+        simulated: it only imitates hardware: ``backends="auto"`` never considers it unless named.
+        engine_cache: whether compiled partitions are worth storing: False for an engine that
+            builds from the model every time (nothing is hashed), True to always store, None
+            (the default) to find out from the first ``serialize()`` (empty: nothing to store).
     """
 
     name: str
-    device: str
+    device: str = "cpu"
     precisions: tuple[str, ...] = ("fp32",)
     sdk: str
     extra: str = ""
     needs: str = ""
+    #: Options it takes besides :data:`COMMON_OPTIONS`; None takes any.
+    option_keys: frozenset[str] | None = frozenset()
     ranked_inputs: bool = False
-    #: Options it takes besides :data:`COMMON_OPTIONS`.
-    option_keys: frozenset[str] = frozenset()
+    computes_shapes: bool = False
+    simulated: bool = False
+    engine_cache: bool | None = None
 
     @property
     def install_hint(self) -> str:
@@ -103,6 +131,10 @@ class BackendBase:
         """The engine's version (part of the engine cache key)."""
         return str(importlib.import_module(self.sdk).__version__)
 
+    def cache_fingerprint(self) -> str:
+        """Nothing beyond ``version``: an engine built for one GPU model says which here."""
+        return ""
+
     def available(self) -> bool:
         """Whether the engine's SDK imports here."""
         try:
@@ -111,20 +143,57 @@ class BackendBase:
             return False
         return True
 
+    def rules(self) -> Sequence[OpRule]:
+        """No rules published: placement gives it no node, conformance skips it.
+
+        Raises:
+            NotImplementedError: always, until an adapter declares its ops.
+        """
+        raise NotImplementedError(f"{self.name} publishes no op rules")
+
+    def capability(self, model: ir.Model, nodes: Sequence[str]) -> dict[str, bool | str] | None:
+        """None: the engine cannot be asked about a whole model; its rules and veto answer."""
+        return None
+
     def validate(self, model: ir.Model, nodes: Sequence[str]) -> dict[str, str]:
         """No veto: the rule table is this engine's whole answer."""
         return {}
 
+    def compile(self, spec: CompileSpec) -> CompiledPartition:
+        """Build the partition for this engine; every adapter implements it."""
+        raise NotImplementedError(f"{self.name} does not implement compile()")
 
-def check_options(backend: object, options: Mapping[str, object]) -> None:
+    def load(self, blob: bytes, spec: CompileSpec) -> CompiledPartition:
+        """Rebuild a partition from its ``serialize()`` output; every adapter implements it."""
+        raise NotImplementedError(f"{self.name} does not implement load()")
+
+
+def require_base(backend: object, origin: str) -> BackendBase:
+    """``backend`` itself, when it derives from :class:`BackendBase`.
+
+    Raises:
+        InvalidInputError: it does not; the message names its class and ``origin`` (where it came
+            from: ``"backend 'acme' (ferry_acme:Acme)"``).
+    """
+    if isinstance(backend, BackendBase):
+        return backend
+    cls = type(backend)
+    raise InvalidInputError(
+        f"{origin}: {cls.__module__}.{cls.__qualname__} does not derive from "
+        "ferry.backends.BackendBase; adapters subclass it, which gives every optional "
+        "capability its default"
+    )
+
+
+def check_options(backend: Backend, options: Mapping[str, object]) -> None:
     """Refuse options ``backend`` does not take, naming the ones it does, and a precision it
-    does not offer. A backend without ``option_keys`` (a third party's) takes any.
+    does not offer. A backend whose ``option_keys`` is None takes any.
 
     Raises:
         InvalidInputError: an unknown option key, or a precision not in ``backend.precisions``.
     """
-    name = getattr(backend, "name", "?")
-    keys = getattr(backend, "option_keys", None)
+    name = backend.name
+    keys = backend.option_keys
     if keys is not None:
         known = COMMON_OPTIONS | set(keys)
         unknown = sorted(set(options) - known)
@@ -134,7 +203,7 @@ def check_options(backend: object, options: Mapping[str, object]) -> None:
                 f"{', '.join(sorted(known))}"
             )
     precision = options.get("precision")
-    offered = tuple(getattr(backend, "precisions", ()))
+    offered = tuple(backend.precisions)
     if precision is not None and offered and precision not in offered:
         raise InvalidInputError(
             f"{name}: precision {precision!r} is not offered; choose one of {', '.join(offered)}"

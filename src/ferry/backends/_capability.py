@@ -16,35 +16,39 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 
 from ferry.backends._rules import RuleTable
 from ferry.errors import FerryError
 
-__all__ = ["capability", "engine_capability", "engine_vetoes", "rule_verdicts"]
+if TYPE_CHECKING:
+    from ferry.backends._api import Backend
+
+__all__ = ["capability", "engine_capability", "engine_vetoes", "rule_table", "rule_verdicts"]
 
 logger = logging.getLogger(__name__)
 
 
 def capability(
-    backend: Any, model: ir.Model, nodes: Sequence[str], *, ask_engine: bool = True
+    backend: Backend, model: ir.Model, nodes: Sequence[str], *, ask_engine: bool = True
 ) -> dict[str, bool | str]:
     """Whether ``backend`` takes each of ``nodes`` (names in ``model``), or why not.
 
     Args:
-        backend: the adapter; its ``rules()`` and ``validate()`` are used where it has them.
+        backend: the adapter; its ``capability()``, else its ``rules()`` and ``validate()``.
         model: the model, named and typed (``ferry.graph.prepare``).
         nodes: the nodes to ask about.
-        ask_engine: let the engine veto what its rules accept.
+        ask_engine: let the engine answer on the whole model, or veto what its rules accept.
 
     Raises:
         FerryError: the engine failed while being asked.
     """
-    asked = getattr(backend, "capability", None)
-    if ask_engine and callable(asked):
-        return engine_capability(backend, model, nodes)
+    if ask_engine:
+        answer = engine_capability(backend, model, nodes)
+        if answer is not None:
+            return answer
     verdicts = rule_verdicts(backend, model, nodes)
     if ask_engine:
         accepted = [name for name in nodes if verdicts[name] is True]
@@ -52,10 +56,13 @@ def capability(
     return verdicts
 
 
-def engine_capability(backend: Any, model: ir.Model, nodes: Sequence[str]) -> dict[str, bool | str]:
-    """The backend's own answer on the whole model (``Backend.capability``), errors named."""
+def engine_capability(
+    backend: Backend, model: ir.Model, nodes: Sequence[str]
+) -> dict[str, bool | str] | None:
+    """The backend's own answer on the whole model (``Backend.capability``), errors named; None
+    when its engine cannot be asked that way."""
     try:
-        return dict(backend.capability(model, list(nodes)))
+        answer = backend.capability(model, list(nodes))
     except FerryError:
         raise
     except Exception as e:  # an engine's own exception types; name the backend
@@ -63,25 +70,33 @@ def engine_capability(backend: Any, model: ir.Model, nodes: Sequence[str]) -> di
             f"backend {backend.name!r} failed while asked which of {len(nodes)} node(s) it "
             f"takes: {e}; partition with validate=False to rely on its rules alone"
         ) from e
+    return None if answer is None else dict(answer)
 
 
-def rule_verdicts(backend: Any, model: ir.Model, nodes: Sequence[str]) -> dict[str, bool | str]:
+def rule_table(backend: Backend) -> RuleTable | None:
+    """The backend's rules as a table, or None when it publishes none (``rules()`` raises
+    NotImplementedError)."""
+    try:
+        return RuleTable(backend.rules())
+    except NotImplementedError:
+        return None
+
+
+def rule_verdicts(backend: Backend, model: ir.Model, nodes: Sequence[str]) -> dict[str, bool | str]:
     """The backend's rule table on each of ``nodes``: True, or the reason it is not taken."""
     by_name = {node.name: node for node in model.graph}
-    rules = getattr(backend, "rules", None)
-    if not callable(rules):
+    table = rule_table(backend)
+    if table is None:
         return dict.fromkeys(nodes, f"{backend.name} declares no op rules")
-    table = RuleTable(rules())
     return {name: table.supports(by_name[name], model.opset_imports) for name in nodes}
 
 
-def engine_vetoes(backend: Any, model: ir.Model, accepted: Sequence[str]) -> dict[str, str]:
+def engine_vetoes(backend: Backend, model: ir.Model, accepted: Sequence[str]) -> dict[str, str]:
     """What the engine itself refuses among the nodes its rules ``accepted``, with reasons."""
-    check = getattr(backend, "validate", None)
-    if not accepted or not callable(check):
+    if not accepted:
         return {}
     try:
-        vetoed = check(model, list(accepted))
+        vetoed = backend.validate(model, list(accepted))
     except FerryError:
         raise
     except Exception as e:  # an engine's own exception types; name the backend

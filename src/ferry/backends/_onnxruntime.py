@@ -106,6 +106,8 @@ class OnnxRuntimeBackend(BackendBase):
     precisions: tuple[str, ...] = ("fp32",)
     sdk = "onnxruntime"
     option_keys = frozenset({"device", "providers"})
+    #: It builds its session from the model every time: nothing to store in the engine cache.
+    engine_cache = False
 
     def rules(self) -> Sequence[OpRule]:
         return rules()

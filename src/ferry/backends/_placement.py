@@ -59,6 +59,8 @@ from typing import TYPE_CHECKING, Any
 import onnx
 import onnx_ir as ir
 
+from ferry.backends._api import Backend
+from ferry.backends._base import require_base
 from ferry.backends._capability import engine_capability, engine_vetoes, rule_verdicts
 from ferry.backends._registry import FALLBACK, get_backend, parse_backends
 from ferry.errors import FerryError, InvalidInputError
@@ -175,9 +177,8 @@ SHAPE_INPUTS: Mapping[str, frozenset[int]] = {
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
-#: A backend object (anything with a ``name`` and, to take nodes, ``rules()``; ``validate()`` when
-#: the engine can veto), or a registry name.
-BackendLike = Any
+#: A backend object (deriving from ``BackendBase``), or a registry name.
+BackendLike = Backend | str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -618,10 +619,10 @@ class _Partitioner:
             logger.warning("force_cpu entry %r matches no node name or op type in the model", entry)
         return forced
 
-    def _pass(self, backend: Any) -> None:
+    def _pass(self, backend: Backend) -> None:
         """Give ``backend`` the groups of unassigned nodes it takes."""
         name = backend.name
-        computes_shapes = bool(getattr(backend, "computes_shapes", False))
+        computes_shapes = backend.computes_shapes
         asked: list[int] = []
         for i in range(len(self.graph.nodes)):
             if self.assigned[i] is not None or self.graph.attached[i]:
@@ -638,18 +639,17 @@ class _Partitioner:
                 continue
             self.reasons[i][name] = why
         names = [self.graph.nodes[i].name or "" for i in asked]
-        engine_first = self.validate and callable(getattr(backend, "capability", None))
-        if engine_first:  # the engine answers for itself, on the whole model
-            verdicts = engine_capability(backend, self.model, names)
-        else:
-            verdicts = rule_verdicts(backend, self.model, names)
+        # The engine answers for itself, on the whole model, when it can be asked that way.
+        answer = engine_capability(backend, self.model, names) if self.validate else None
+        engine_first = answer is not None
+        verdicts = answer if answer is not None else rule_verdicts(backend, self.model, names)
         candidates: set[int] = set()
         for i, node_name in zip(asked, names):
             if verdicts[node_name] is True:
                 candidates.add(i)
             else:
                 self.reasons[i][name] = str(verdicts[node_name])
-        ranked = bool(getattr(backend, "ranked_inputs", False))
+        ranked = backend.ranked_inputs
         if ranked:
             while self._drop_rankless_reads(name, candidates, [candidates]):
                 pass
@@ -968,22 +968,28 @@ def _shape_chain(graph: _Dag) -> list[bool]:
     return chain
 
 
-def _resolve(backends: Sequence[BackendLike] | str, fallback: str) -> list[Any]:
-    """Backend objects in priority order, up to (not including) the fallback."""
-    items: list[Any] = parse_backends(backends) if isinstance(backends, str) else list(backends)
-    found: list[Any] = []
+def _resolve(backends: Sequence[BackendLike] | str, fallback: str) -> list[Backend]:
+    """Backend objects in priority order, up to (not including) the fallback.
+
+    Raises:
+        InvalidInputError: an object given does not derive from ``BackendBase``.
+    """
+    items: list[BackendLike] = (
+        list(parse_backends(backends)) if isinstance(backends, str) else list(backends)
+    )
+    found: list[Backend] = []
     seen: set[str] = set()
     for position, item in enumerate(items):
-        name = item if isinstance(item, str) else str(getattr(item, "name", ""))
-        if not name:
-            raise InvalidInputError(f"backend {item!r} has no name attribute")
+        if not isinstance(item, str):
+            require_base(item, "a backend given to place()")
+        name = item if isinstance(item, str) else item.name
         if name == fallback:
             rest = items[position + 1 :]
             if rest:
                 logger.info(
                     "backends listed after the fallback %r get no nodes: %s",
                     fallback,
-                    ", ".join(str(getattr(b, "name", b)) for b in rest),
+                    ", ".join(b if isinstance(b, str) else b.name for b in rest),
                 )
             break
         if name in seen:

@@ -1,7 +1,8 @@
 """The backend registry: engines found by name.
 
 The built-in ones below are imported on first use; third-party ones are registered by their package
-in the ``ferry.backends`` entry-point group (``name = "module:Class"``).
+in the ``ferry.backends`` entry-point group (``name = "module:Class"``). Every one derives from
+:class:`~ferry.backends.BackendBase`: a class that does not is refused, named.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ferry.backends._base import require_base
 from ferry.errors import BackendUnavailableError, InvalidInputError
 
 if TYPE_CHECKING:
@@ -63,7 +65,8 @@ def get_backend(name: str) -> Backend:
     """The backend called ``name``, imported on first use.
 
     Raises:
-        BackendUnavailableError: no backend has that name, or its engine is not installed here.
+        BackendUnavailableError: no backend has that name, its class does not derive from
+            :class:`~ferry.backends.BackendBase`, or its engine is not installed here.
     """
     with _lock:
         if name in _instances:
@@ -81,11 +84,13 @@ def get_backend(name: str) -> Backend:
             raise BackendUnavailableError(
                 f"backend {name!r} ({target}) failed to import: {e}"
             ) from e
-        backend: Backend = backend_cls()
+        try:
+            backend = require_base(backend_cls(), f"backend {name!r} ({target})")
+        except InvalidInputError as e:
+            raise BackendUnavailableError(str(e)) from None
         if not backend.available():
             raise BackendUnavailableError(
-                f"backend {name!r} is not available on this machine; "
-                f"{getattr(backend, 'install_hint', 'install its engine')}"
+                f"backend {name!r} is not available on this machine; {backend.install_hint}"
             )
         _instances[name] = backend
         return backend

@@ -89,9 +89,9 @@ def _measure(job: dict[str, Any]) -> dict[str, Any]:
     del session
     gc.collect()
     out["warm_start_s"] = None
-    # Only engines that store a compiled engine have a warm start to speak of (ONNX Runtime
-    # builds its session from the model every time).
-    if any(getattr(b, "engine_cache", b.name != "onnxruntime") for b in backends):
+    # Only engines that may store a compiled engine have a warm start to speak of (ONNX Runtime
+    # builds its session from the model every time: its ``engine_cache`` is False).
+    if any(b.engine_cache is not False for b in backends):
         cache = tempfile.mkdtemp(prefix="ferry-bench-cache-")
         try:
             stored = load(job["model"], plan=plan, threads=job["threads"], cache_dir=cache)

@@ -33,6 +33,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from ferry.backends import require_base, rule_table
 from ferry.conformance._cases import ConformanceCase, collect_cases, normal_domain, op_name
 from ferry.conformance._compare import compare_output, error_of, mismatch_text
 from ferry.conformance._pool import Lost, WorkerPool
@@ -63,20 +64,6 @@ _RANDOM_OPS = frozenset(
 
 #: A case ready to run: (the case, its prepared model serialized, whether the rules claim it).
 _Task = tuple[ConformanceCase, bytes, bool | None]
-
-
-def rule_table(backend: Backend) -> RuleTable | None:
-    """The backend's rules as a table, or None when it publishes none (``rules()`` missing or not
-    implemented)."""
-    from ferry.backends import RuleTable
-
-    rules = getattr(backend, "rules", None)
-    if rules is None:
-        return None
-    try:
-        return RuleTable(rules())
-    except NotImplementedError:
-        return None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -247,17 +234,15 @@ def _execute(
     stage = "planning"
     try:
         partition = Plan.whole_graph(model, backend.name, options).partitions[0]
-        validate = getattr(backend, "validate", None)
-        if validate is not None:
-            stage = "validate()"
-            vetoed = validate(model, list(partition.nodes))
-            if vetoed:
-                node, why = next(iter(sorted(vetoed.items())))
-                return result(
-                    "skip",
-                    f"vetoed by {backend.name}.validate(): {node}: {why}",
-                    seconds=time.perf_counter() - start,
-                )
+        stage = "validate()"
+        vetoed = backend.validate(model, list(partition.nodes))
+        if vetoed:
+            node, why = next(iter(sorted(vetoed.items())))
+            return result(
+                "skip",
+                f"vetoed by {backend.name}.validate(): {node}: {why}",
+                seconds=time.perf_counter() - start,
+            )
         stage = "compile"
         compiled = backend.compile(CompileSpec(partition=partition, model=model, options=options))
         worst: float | None = None
@@ -330,8 +315,8 @@ def run_conformance(
     """Run ONNX's node test cases on ``backend`` and collect the results.
 
     Args:
-        backend: the engine adapter. Its ``rules()`` decide which cases count; a backend without
-            rules runs every case.
+        backend: the engine adapter (a ``BackendBase``). Its ``rules()`` decide which cases
+            count; a backend without rules runs every case.
         ops: ``(domain, op_type)`` pairs to test; None tests every op.
         cases: the cases to run instead of ``collect_cases(ops)`` (a sample, say).
         include_unclaimed: run cases the rules reject too (see ``run_case``).
@@ -342,9 +327,13 @@ def run_conformance(
 
     Returns:
         The report, cases in ONNX's order.
+
+    Raises:
+        InvalidInputError: ``backend`` does not derive from ``BackendBase``.
     """
     from ferry._version import __version__
 
+    require_base(backend, "run_conformance")
     start = time.perf_counter()
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     table = rule_table(backend)
@@ -400,7 +389,7 @@ def run_conformance(
 
     return ConformanceReport(
         backend=backend.name,
-        device=getattr(backend, "device", "?"),
+        device=backend.device,
         engine_version=_engine_version(backend),
         onnx_version=onnx.__version__,
         ferry_version=__version__,

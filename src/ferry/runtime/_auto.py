@@ -322,7 +322,7 @@ def _available(backends: Sequence[str] | None) -> list[str]:
                 raise
             logger.info("auto: skipping %s: %s", name, e)
             continue
-        if backends is None and getattr(backend, "simulated", False):
+        if backends is None and backend.simulated:
             logger.info("auto: skipping %s: a simulated adapter (name it to measure it)", name)
             continue
         found.append(name)

@@ -71,9 +71,6 @@ _LOCK_PREFIX = ".lock-"
 _STALE_TMP_S = 3600.0
 _CHUNK = 8 << 20
 
-# Backends known to compile in-process from the model, with nothing to store. A backend can say so
-# itself with a class attribute ``engine_cache = False``; ONNX Runtime's adapter predates that.
-_IN_PROCESS_BACKENDS = frozenset({"onnxruntime"})
 # (backend, version) pairs seen returning an empty blob in this process: no point hashing for them.
 _EMPTY_BLOB_BACKENDS: set[tuple[str, str]] = set()
 
@@ -361,7 +358,7 @@ def engine_key(backend: Backend, spec: CompileSpec) -> str:
     header = {
         "format": CACHE_FORMAT,
         "backend": backend.name,
-        "device": getattr(backend, "device", ""),
+        "device": backend.device,
         "version": backend.version,
         # Engines are built for the hardware they run on (TensorRT for one GPU model, OpenVINO
         # for one CPU's instruction set): a cache folder shared between machines must not mix them.
@@ -382,12 +379,8 @@ def engine_key(backend: Backend, spec: CompileSpec) -> str:
 
 
 def _fingerprint(backend: Backend) -> str:
-    """What the backend says its engines depend on beyond its version (GPU model, driver...).
-
-    Optional: a backend may define ``cache_fingerprint() -> str``.
-    """
-    method = getattr(backend, "cache_fingerprint", None)
-    return str(method()) if callable(method) else ""
+    """What the backend says its engines depend on beyond its version (GPU model, driver...)."""
+    return str(backend.cache_fingerprint())
 
 
 def _update(digest: Any, data: bytes) -> None:
@@ -472,11 +465,10 @@ def _hash_tensor(digest: Any, tensor: ir.TensorProtocol) -> None:
 
 def caches_engines(backend: Backend) -> bool:
     """Whether ``backend`` may give a blob worth storing (and so whether to hash at all)."""
-    flag = getattr(backend, "engine_cache", None)
+    # False for engines that build from the model every time (ONNX Runtime); None: not known.
+    flag = backend.engine_cache
     if flag is not None:
-        return bool(flag)
-    if backend.name in _IN_PROCESS_BACKENDS:
-        return False
+        return flag
     return (backend.name, backend.version) not in _EMPTY_BLOB_BACKENDS
 
 
@@ -513,7 +505,7 @@ def compile_partition(
             {
                 "backend": backend.name,
                 "backend_version": backend.version,
-                "device": getattr(backend, "device", ""),
+                "device": backend.device,
                 "nodes": len(spec.partition.nodes),
                 "options": _jsonable(dict(spec.options)),
                 "inputs": [_value_spec(v) for v in spec.model.graph.inputs],

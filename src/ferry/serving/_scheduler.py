@@ -270,7 +270,7 @@ def _engine_precisions(session: Any) -> dict[str, str]:
             continue
         chosen = partition.options.get("precision")
         if chosen is None:
-            offered = tuple(getattr(get_backend(partition.backend), "precisions", ()) or ("fp32",))
+            offered = tuple(get_backend(partition.backend).precisions) or ("fp32",)
             chosen = offered[0]
         out[partition.backend] = str(chosen)
     return out

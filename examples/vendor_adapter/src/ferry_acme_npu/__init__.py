@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
-from ferry.backends import CompileSpec, OpRule
+from ferry.backends import BackendBase, CompileSpec, OpRule
 
 __all__ = ["AcmeNpuBackend", "AcmeNpuPartition"]
 
@@ -41,8 +41,15 @@ class AcmeNpuPartition:
         return MAGIC + self._bytes
 
 
-class AcmeNpuBackend:
-    """The adapter: what the NPU runs, how to build for it, how to reload a built partition."""
+class AcmeNpuBackend(BackendBase):
+    """The adapter: what the NPU runs, how to build for it, how to reload a built partition.
+
+    It derives from ferry's ``BackendBase`` (the registry refuses adapters that do not), which
+    gives every optional capability its default: no whole-model ``capability`` (its rules and
+    veto answer), no options beyond ``threads`` and ``precision``, an engine cache learnt from
+    ``serialize()``. Its engine is no Python module ferry imports, so it says its own version,
+    availability and install hint.
+    """
 
     name = "acme_npu"
     device = "npu"
