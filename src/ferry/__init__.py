@@ -11,7 +11,7 @@ Importing ``ferry`` is cheap: engines and heavy modules load on first use.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ferry._lazy import lazy_getattr
 from ferry._version import __version__
@@ -28,7 +28,10 @@ from ferry.errors import (
 
 if TYPE_CHECKING:
     import os
+    from collections.abc import Mapping, Sequence
+    from typing import Literal
 
+    import numpy as np
     import onnx
     import onnx_ir
 
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
     from ferry.optimizer.distill import DistillResult, distill
     from ferry.optimizer.prune import PruneResult, prune
     from ferry.optimizer.quantize import QuantizeResult, quantize
+    from ferry.parity import Budget
     from ferry.plan import Plan
     from ferry.runtime import Session, TensorSpec
 
@@ -103,11 +107,20 @@ def load(
     source: str | os.PathLike[str] | onnx_ir.Model | onnx.ModelProto,
     *,
     optimize: bool | str = False,
-    **options: Any,
+    backends: str | Sequence[str] | None = None,
+    threads: int | None = None,
+    precision: str | None = None,
+    plan: Plan | None = None,
+    cache_dir: str | os.PathLike[str] | Literal[False] | None = None,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    example_inputs: Mapping[str, np.ndarray] | None = None,
+    accuracy: Budget | None = None,
+    check_pays: bool = True,
+    **unknown: Any,
 ) -> Session:
-    """Load a model and make it ready to run: :func:`ferry.runtime.load`, whose arguments
-    (``backends``, ``threads``, ``precision``, ``plan``, ``cache_dir``, ``options``, ``shapes``,
-    ``example_inputs``, ``accuracy``, ``check_pays``) it takes, after an optional optimization.
+    """Load a model and make it ready to run: :func:`ferry.runtime.load` (where every keyword
+    but ``optimize`` is described), after an optional optimization.
 
     Args:
         source: an ``.onnx`` file, a ferry artifact folder, an ``onnx_ir.Model`` or an
@@ -116,7 +129,24 @@ def load(
             ``"extended"``) for the first engine named, verified against the model on
             ``example_inputs`` (else random inputs at ``shapes``) and timed; when the result
             computes something else or runs slower, the model runs as given, with a warning.
+        backends: engine names in priority order, or ``"auto"``; None: ONNX Runtime.
+        threads: intra-op threads per engine.
+        precision: the precision every engine that offers it runs in.
+        plan: run this plan instead of placing the model.
+        cache_dir: the engine cache: None for the default, a folder, or False for none.
+        options: per-backend compile options.
+        shapes: the input sizes the model will run at.
+        example_inputs: real inputs to time (and, with ``"auto"``, judge) on.
+        accuracy: with ``"auto"``, the budget its candidates are judged by.
+        check_pays: run ONNX Runtime alone when a placed plan is slower.
+        **unknown: refused: a keyword ``load`` does not take (a misspelt one) is an
+            :class:`InvalidInputError` naming the keywords it takes.
+
+    Raises:
+        InvalidInputError: an unknown keyword, or a bad value (see :func:`ferry.runtime.load`).
     """
+    if unknown:
+        _refuse_keywords(unknown)
     from ferry.runtime import load as load_session
 
     if optimize is not False:
@@ -125,8 +155,40 @@ def load(
         source = optimized_for_load(
             source,
             optimize,
-            backends=options.get("backends"),
-            shapes=options.get("shapes"),
-            example_inputs=options.get("example_inputs"),
+            backends=backends,
+            shapes=shapes,
+            example_inputs=example_inputs,
         )
-    return load_session(source, **options)
+    return load_session(
+        source,
+        backends=backends,
+        threads=threads,
+        precision=precision,
+        plan=plan,
+        cache_dir=cache_dir,
+        options=options,
+        shapes=shapes,
+        example_inputs=example_inputs,
+        accuracy=accuracy,
+        check_pays=check_pays,
+    )
+
+
+def _refuse_keywords(unknown: Mapping[str, Any]) -> NoReturn:
+    """Name the keywords :func:`load` takes, and the nearest to each one given that it does not
+    (Python's own TypeError would name neither)."""
+    import difflib
+    import inspect
+
+    known = [
+        name
+        for name, param in inspect.signature(load).parameters.items()
+        if param.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    said = []
+    for key in sorted(unknown):
+        near = difflib.get_close_matches(key, known, n=1)
+        said.append(repr(key) + (f" (did you mean {near[0]!r}?)" if near else ""))
+    raise InvalidInputError(
+        f"ferry.load: unknown keyword {', '.join(said)}; it takes {', '.join(known)}"
+    )

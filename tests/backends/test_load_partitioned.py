@@ -173,7 +173,7 @@ def test_openvino_then_onnxruntime(models: dict[str, ir.Model], name: str) -> No
 
 
 def _timed(split_ms: float, alone_ms: float) -> Any:
-    """A stand-in for auto's block timer giving the split and ONNX Runtime alone these times."""
+    """A stand-in for the pays check's block timer giving the split and ONNX Runtime alone these times."""
 
     def time_in_blocks(runs: list[Any], feeds: Any, budget_s: float) -> None:
         for candidate, session in runs:
@@ -194,10 +194,10 @@ def test_a_split_runs_only_where_it_pays(
     alone_ms: float,
     kept: bool,
 ) -> None:
-    from ferry.runtime import _auto
+    from ferry.runtime import _pays
 
     monkeypatch.setenv("FERRY_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(_auto, "time_in_blocks", _timed(split_ms, alone_ms))
+    monkeypatch.setattr(_pays, "time_in_blocks", _timed(split_ms, alone_ms))
     model = models["detector"]  # OpenVINO refuses its NonMaxSuppression: two partitions
     session = ferry.load(model, backends="openvino,onnxruntime", cache_dir=False)
     split = len(session.plan.partitions) > 1 and "openvino" in session.plan.backends
@@ -207,7 +207,7 @@ def test_a_split_runs_only_where_it_pays(
     feeds = feeds_for("detector", 1)
     assert_matches(session.run(feeds), ort_outputs(model, feeds))
     # The verdict is cached: the next load does not time again.
-    monkeypatch.setattr(_auto, "time_in_blocks", _timed(alone_ms, split_ms))
+    monkeypatch.setattr(_pays, "time_in_blocks", _timed(alone_ms, split_ms))
     again = ferry.load(model, backends="openvino,onnxruntime", cache_dir=False)
     assert again.plan == session.plan
     # Named alone, the engine runs what it can and is not second-guessed.
@@ -219,10 +219,10 @@ def test_a_split_runs_only_where_it_pays(
 def test_an_engine_that_takes_the_model_whole_runs_only_where_it_pays(
     models: dict[str, ir.Model], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
-    from ferry.runtime import _auto
+    from ferry.runtime import _pays
 
     monkeypatch.setenv("FERRY_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(_auto, "time_in_blocks", _timed(2.0, 1.0))
+    monkeypatch.setattr(_pays, "time_in_blocks", _timed(2.0, 1.0))
     model = models["digits_cnn"]
     offered = ferry.load(model, backends="openvino,onnxruntime", cache_dir=False)
     assert offered.plan.backends == ["onnxruntime"]  # ONNX Runtime listed, and faster
@@ -236,10 +236,10 @@ def test_an_engine_that_takes_the_model_whole_runs_only_where_it_pays(
 def test_a_split_at_unknown_sizes_is_kept_with_a_warning(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from ferry.runtime import _auto
+    from ferry.runtime import _pays
 
     monkeypatch.setenv("FERRY_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(_auto, "time_in_blocks", _timed(9.0, 4.0))
+    monkeypatch.setattr(_pays, "time_in_blocks", _timed(9.0, 4.0))
     model = tiny_detector()
     model.graph.inputs[0].shape = ir.Shape(["batch", 3, "h", "w"])
     session = ferry.load(model, backends="openvino,onnxruntime", cache_dir=False)
@@ -286,9 +286,9 @@ def test_detector_on_onnxruntime_alone(models: dict[str, ir.Model]) -> None:
 def test_auto_runs_the_choice_correctly_and_caches_it(
     models: dict[str, ir.Model], name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ferry.runtime import _session as session_mod
+    from ferry.runtime import _load as load_mod
 
-    monkeypatch.setattr(session_mod, "AUTO_BUDGET_S", 0.3)
+    monkeypatch.setattr(load_mod, "AUTO_BUDGET_S", 0.3)
     model = models[name]
     first = ferry.load(model, backends="auto", cache_dir=False)
     feeds = feeds_for(name, 2)

@@ -1,20 +1,15 @@
 """Running models: lowering a Plan, compiling each partition (through the engine cache), the
 Session that runs it, ``auto``'s measured choice of plan, and checking a plan partition by partition.
 
-``load(model, backends=...)`` is the entry point (re-exported as ``ferry.load``).
+``load(model, backends=...)`` is the entry point (re-exported as ``ferry.load``). Modules import
+one way: ``_specs``, ``_feeds``, ``_cache`` <- ``_session`` (the Session) <- ``_measure`` (the
+block timer, the sizes to time at, the verdicts' folder, ONNX Runtime alone) <- ``_auto``,
+``_pays`` <- ``_load`` (``load``, ``make_plan``) <- ``_verify``.
 """
 
 from __future__ import annotations
 
-from ferry.runtime._auto import (
-    AutoChoice,
-    Candidate,
-    artifact_shapes,
-    auto_plan,
-    block_medians,
-    machine_fingerprint,
-    timing_feeds,
-)
+from ferry.runtime._auto import AutoChoice, Candidate, auto_plan
 from ferry.runtime._cache import (
     DEFAULT_MAX_BYTES,
     CacheEntry,
@@ -33,16 +28,22 @@ from ferry.runtime._feeds import (
     parse_shape,
     random_feeds,
 )
-from ferry.runtime._session import (
+from ferry.runtime._load import (
     AUTO_BUDGET_S,
     PlanChoice,
-    Session,
     load,
-    lower_plan,
     make_plan,
     quantization_report,
     with_precision,
 )
+from ferry.runtime._measure import (
+    artifact_shapes,
+    block_medians,
+    machine_fingerprint,
+    time_in_blocks,
+    timing_feeds,
+)
+from ferry.runtime._session import Session, lower_plan
 from ferry.runtime._specs import InputChecker, TensorSpec, format_shape, spec_of
 from ferry.runtime._verify import PartitionCheck, all_values, verify_plan
 
@@ -80,6 +81,7 @@ __all__ = [
     "random_feeds",
     "resolve_cache",
     "spec_of",
+    "time_in_blocks",
     "timing_feeds",
     "verify_plan",
     "with_precision",

@@ -27,38 +27,33 @@ import hashlib
 import json
 import logging
 import os
-import platform
-import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import onnx_ir as ir
 
 from ferry.backends import FALLBACK, get_backend, known_backends, place
-from ferry.errors import FerryError, InvalidInputError
-from ferry.graph import atomic_path
+from ferry.errors import FerryError
+from ferry.graph import atomic_path, graph_inputs
 from ferry.parity import DEFAULT_BUDGET, Budget, BudgetVerdict, within_budget
 from ferry.plan import Plan
-from ferry.runtime._feeds import random_feeds
-from ferry.runtime._specs import TensorSpec
+from ferry.runtime._measure import (
+    alone_session,
+    machine_fingerprint,
+    time_in_blocks,
+    timing_feeds,
+    verdicts_dir,
+)
+from ferry.runtime._session import Session, check_threads
+from ferry.runtime._specs import spec_of
 
-__all__ = [
-    "TIE",
-    "AutoChoice",
-    "Candidate",
-    "artifact_shapes",
-    "auto_plan",
-    "machine_fingerprint",
-    "timing_feeds",
-]
+__all__ = ["TIE", "AutoChoice", "Candidate", "auto_plan", "choose"]
 
 logger = logging.getLogger(__name__)
 
-#: How long a timed block lasts (at least one call): short calls get many of them.
-_BLOCK_S = 0.05
 #: Candidates within this fraction of the fastest count as equally fast (timing noise on a quiet
 #: machine is 1-2%).
 TIE = 0.03
@@ -122,6 +117,8 @@ class AutoChoice:
             little about a reduced precision's accuracy on real data.
         from_cache: the choice was read from the cache, not measured now.
         cache_path: where the choice and table are saved (None: not cached).
+        session: the chosen candidate's Session, built and timed here: ``load`` returns it
+            rather than compiling the plan again (None when the choice came from the cache).
     """
 
     plan: Plan
@@ -132,6 +129,7 @@ class AutoChoice:
     random_inputs: bool = False
     from_cache: bool = False
     cache_path: Path | None = None
+    session: Session | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -157,6 +155,8 @@ def auto_plan(
     threads: int | None = None,
     cache: bool = True,
     remeasure: bool = False,
+    source_path: Path | None = None,
+    cache_dir: str | os.PathLike[str] | Literal[False] | None = None,
 ) -> AutoChoice:
     """Measure candidate plans for ``model`` (prepared: nodes and values named) and return the
     fastest within the accuracy budget.
@@ -175,31 +175,40 @@ def auto_plan(
         threads: intra-op threads for every engine.
         cache: reuse and store the choice for this model, input sizes and machine.
         remeasure: measure again even when a cached choice exists (and replace it).
+        source_path: the file ``model`` was read from, which an engine taking the whole model
+            may read itself (as ``load`` lets it).
+        cache_dir: the engine cache the candidates compile through, as ``load``'s: None for the
+            default, a folder, or False for none. The choice itself is kept apart, under the
+            default cache root (:func:`ferry.runtime.default_cache_dir`), when ``cache``.
 
     Raises:
         InvalidInputError: the sizes to measure at are unknown (symbolic dims past the batch and
             neither feeds nor shapes), or a named engine is not known.
         FerryError: ONNX Runtime itself cannot run the model on these inputs.
     """
-    from ferry.runtime._session import load
-
+    check_threads(threads)
     names = _available(backends)
-    baseline = load(model, threads=threads)
-    inputs = dict(feeds) if feeds is not None else timing_feeds(baseline.inputs, shapes)
+    specs = [spec_of(v) for v in graph_inputs(model)]
+    inputs = dict(feeds) if feeds is not None else timing_feeds(specs, shapes)
     key = _cache_key(model, names, inputs, feeds is None, accuracy, exact, precision, threads)
-    path = cache_dir() / f"{key}.json" if cache else None
+    path = verdicts_dir() / f"{key}.json" if cache else None
     if path is not None and not remeasure:
         cached = _read_cache(path)
         if cached is not None:
             return cached
+    # Built only now: a choice read from the cache needs no session here (``load`` builds it).
+    baseline = alone_session(model, threads=threads, source_path=source_path, cache_dir=cache_dir)
     expected = baseline.run(dict(inputs))
     candidates = _candidates(model, names, exact=exact, precision=precision)
-    sessions: list[tuple[Candidate, Any]] = [(candidates[0], baseline)]
+    # Each candidate is built once: timed here, and the chosen one is the session returned.
+    sessions: list[tuple[Candidate, Session]] = [(candidates[0], baseline)]
     candidates[0].accuracy = within_budget(expected, expected, accuracy)
     for candidate in candidates[1:]:
         start = time.perf_counter()
         try:
-            session = load(model, plan=candidate.plan, threads=threads)
+            session = Session(
+                model, candidate.plan, threads=threads, source_path=source_path, cache_dir=cache_dir
+            )
             got = session.run(dict(inputs))
         except FerryError as e:
             candidate.error = str(e)
@@ -218,6 +227,7 @@ def auto_plan(
         {name: list(np.shape(a)) for name, a in inputs.items()},
         random_inputs=feeds is None,
         cache_path=path,
+        session=next(s for c, s in sessions if c is best),
     )
     if path is not None:
         _write_cache(path, choice)
@@ -245,70 +255,6 @@ def choose(candidates: Sequence[Candidate]) -> Candidate:
             order[id(c)],
         ),
     )
-
-
-def timing_feeds(
-    specs: Sequence[TensorSpec],
-    shapes: Mapping[str, Sequence[int]] | None = None,
-    *,
-    seed: int = 0,
-) -> dict[str, np.ndarray]:
-    """Random inputs at the sizes the model will run: ``shapes`` where given, else the model's
-    fixed dims; a symbolic first dim (the batch) becomes 1.
-
-    Raises:
-        InvalidInputError: a symbolic dim past the first has no size: auto must not time a
-            detector at a few pixels; the message names the dims and the ``--shape`` to give.
-    """
-    shapes = dict(shapes or {})
-    missing = []
-    for spec in specs:
-        if spec.name in shapes:
-            continue
-        if spec.shape is None:
-            missing.append(f"{spec.name} (unknown rank)")
-            continue
-        open_dims = [str(i) for i, d in enumerate(spec.shape) if not isinstance(d, int) and i > 0]
-        if open_dims:
-            missing.append(f"{spec.name} dims {', '.join(open_dims)} ({spec.describe()})")
-    if missing:
-        example = next(s for s in specs if s.name not in shapes)
-        raise InvalidInputError(
-            "timing needs the sizes the model will run at, and these are not known "
-            "(timing a detector at a few pixels says nothing about it): "
-            + "; ".join(missing)
-            + f". Give them with --shape (e.g. --shape {example.name}=1,3,640,640), example "
-            "inputs (--input, or ferry.load(..., example_inputs=...)) or "
-            "ferry.load(..., shapes=...)"
-        )
-    return random_feeds(specs, shapes, seed=seed)
-
-
-def artifact_shapes(model_file: Path | None) -> dict[str, tuple[int, ...]] | None:
-    """Input sizes saved in the artifact ``model_file`` belongs to (``ferry.json`` beside it): its
-    ``"shapes"`` object, else the inputs of the latest ``ferry bench`` run saved there (its
-    baseline at the smallest batch). None when there is none."""
-    if model_file is None:
-        return None
-    report = model_file.parent / "ferry.json"
-    try:
-        data = json.loads(report.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    try:
-        if isinstance(data.get("shapes"), dict):
-            return {str(k): tuple(int(d) for d in v) for k, v in data["shapes"].items()}
-        runs = [r for r in data.get("benchmarks", []) if isinstance(r, dict)]
-        if runs:
-            configs = [c for c in runs[-1].get("configurations", []) if c.get("inputs")]
-            if configs:
-                first = min(configs, key=lambda c: (not c.get("baseline"), c.get("batch") or 0))
-                return {str(k): tuple(int(d) for d in v) for k, v in first["inputs"].items()}
-    except (TypeError, ValueError, AttributeError):
-        logger.warning("auto: ignoring the malformed input shapes in %s", report)
-    return None
 
 
 def _available(backends: Sequence[str] | None) -> list[str]:
@@ -366,71 +312,6 @@ def _plan_signature(plan: Plan) -> str:
     return json.dumps(plan.to_dict(), sort_keys=True)
 
 
-def time_in_blocks(
-    sessions: list[tuple[Candidate, Any]], feeds: Mapping[str, np.ndarray], budget_s: float
-) -> None:
-    """Set each candidate's ``latency_ms`` (see :func:`block_medians`)."""
-    runs = [(lambda s=session: s.run(dict(feeds))) for _, session in sessions]
-    for (candidate, _), seconds in zip(sessions, block_medians(runs, budget_s), strict=True):
-        candidate.latency_ms = seconds * 1000
-
-
-def block_medians(runs: Sequence[Callable[[], Any]], budget_s: float) -> list[float]:
-    """Each call's median time in seconds, over rounds in which every ``run`` makes a block of
-    calls in turn (the order reversing each round), for about ``budget_s`` (at least 3 rounds).
-
-    A block lasts about :data:`_BLOCK_S` (at least one call) and starts with a tenth as many
-    untimed calls (at least one): an engine called right after another one's block first wakes
-    its worker threads and refills its caches (measured: OpenVINO at 0.7 ms right after ONNX
-    Runtime, 0.16 ms when warm, on a 0.14 ms model; 24 ms against 17 ms on a 17 ms audio model).
-    """
-    calls: list[tuple[int, int]] = []
-    for run in runs:  # warm up (first calls allocate), then size the block
-        for _ in range(2):
-            run()
-        start = time.perf_counter()
-        for _ in range(3):
-            run()
-        each = max((time.perf_counter() - start) / 3, 1e-6)
-        n = max(1, min(1000, int(_BLOCK_S / each)))
-        calls.append((n, max(1, n // 10)))
-    blocks: list[list[float]] = [[] for _ in runs]
-    deadline = time.perf_counter() + budget_s
-    order = list(range(len(runs)))
-    rounds = 0
-    while rounds < 3 or (time.perf_counter() < deadline and rounds < 200):
-        for i in order:
-            n, lead = calls[i]
-            for _ in range(lead):
-                runs[i]()
-            start = time.perf_counter()
-            for _ in range(n):
-                runs[i]()
-            blocks[i].append((time.perf_counter() - start) / n)
-        order.reverse()
-        rounds += 1
-    return [statistics.median(b) for b in blocks]
-
-
-def machine_fingerprint() -> str:
-    """What makes timings from one machine meaningless on another: CPU, cores, engine versions."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    versions = []
-    for name in known_backends():
-        try:
-            versions.append(f"{name}={get_backend(name).version}")
-        except FerryError:
-            continue
-    return f"{cpu}|{os.cpu_count()}|{'|'.join(versions)}"
-
-
 def _budget_key(accuracy: Budget | None) -> Any:
     """The budget as JSON for the cache key; functions by their qualified name (their address
     would change every run)."""
@@ -464,12 +345,6 @@ def _cache_key(
     settings = [names, sizes, random_inputs, _budget_key(accuracy), exact, precision, threads]
     digest.update(json.dumps([settings, machine_fingerprint()], default=str).encode())
     return digest.hexdigest()[:32]
-
-
-def cache_dir() -> Path:
-    """Where auto's choices (and the split-pays verdicts) are kept."""
-    base = os.environ.get("FERRY_CACHE_DIR") or str(Path.home() / ".cache" / "ferry")
-    return Path(base) / "auto"
 
 
 def _read_cache(path: Path) -> AutoChoice | None:

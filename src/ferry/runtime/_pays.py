@@ -31,6 +31,8 @@ import onnx_ir as ir
 from ferry.backends import FALLBACK
 from ferry.graph import atomic_path
 from ferry.plan import Plan
+from ferry.runtime._measure import alone_session, machine_fingerprint, time_in_blocks, verdicts_dir
+from ferry.runtime._session import Session
 
 __all__ = ["PAYS_BUDGET_S", "PaysVerdict", "cached_verdict", "plan_pays"]
 
@@ -73,27 +75,43 @@ def cached_verdict(
         return None
 
 
+@dataclasses.dataclass
+class _Contender:
+    """One side of the race, as :func:`ferry.runtime._measure.time_in_blocks` times it."""
+
+    label: str
+    latency_ms: float = float("inf")
+
+
 def plan_pays(
     model: ir.Model,
-    placed: Any,
+    placed: Session,
     feeds: Mapping[str, np.ndarray],
     *,
     threads: int | None = None,
     cache: bool = True,
+    alone: Session | None = None,
 ) -> PaysVerdict:
     """Time the Session ``placed`` (a plan on engines of ``model``, prepared) against ONNX
     Runtime alone on ``feeds``; with ``cache``, store the verdict (:func:`cached_verdict`).
 
+    Args:
+        model: the model both run.
+        placed: the plan's session.
+        feeds: the inputs to time on, at the sizes the model will run.
+        threads: the intra-op threads both run with.
+        cache: store the verdict.
+        alone: ONNX Runtime's session on the whole model, when the caller built it (to keep the
+            one that wins); None builds one.
+
     Raises:
         FerryError: either fails to run on ``feeds``.
     """
-    from ferry.runtime._auto import Candidate, time_in_blocks
-    from ferry.runtime._session import Session
-
     inputs = {name: list(np.shape(a)) for name, a in feeds.items()}
     path = _path(model, placed.plan, inputs, threads)
-    alone = Session(model, Plan.whole_graph(model, FALLBACK), threads=threads)
-    runs = [(Candidate("plan", placed.plan), placed), (Candidate(FALLBACK, alone.plan), alone)]
+    if alone is None:
+        alone = alone_session(model, threads=threads)
+    runs = [(_Contender("plan"), placed), (_Contender(FALLBACK), alone)]
     for _, session in runs:
         session.run(dict(feeds))  # fails here, before timing, on inputs it cannot take
     time_in_blocks(runs, feeds, PAYS_BUDGET_S)
@@ -108,10 +126,8 @@ def plan_pays(
 
 
 def _path(model: ir.Model, plan: Plan, inputs: Any, threads: Any) -> Path:
-    from ferry.runtime._auto import cache_dir, machine_fingerprint
-
     digest = hashlib.sha256()
     digest.update(ir.to_proto(model).SerializeToString(deterministic=True))
     settings = [plan.to_dict(), inputs, threads, machine_fingerprint()]
     digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
-    return cache_dir() / f"pays-{digest.hexdigest()[:32]}.json"
+    return verdicts_dir() / f"pays-{digest.hexdigest()[:32]}.json"

@@ -1,8 +1,7 @@
 """The Session: runs a model's Plan, one compiled partition per backend, behind one ``run`` call.
 
-``load`` prepares the model (``ferry.graph.prepare``), makes its plan (:func:`make_plan`: ONNX
-Runtime alone, placement across the listed engines, or ``auto``'s measured choice) and builds the
-Session. A plan that puts the whole graph on one backend runs the model itself (the fast path: one
+``load`` (:mod:`ferry.runtime._load`) prepares the model and makes its plan; the Session compiles
+it. A plan that puts the whole graph on one backend runs the model itself (the fast path: one
 engine call per ``run``). A split plan is checked against the model, each partition is lowered to a
 standalone model (``ferry.plan.cut_partition``) and compiled on its backend, through the engine
 cache when the backend has something to store (``_cache``). ``run`` then executes only the
@@ -12,310 +11,36 @@ values that are read later or were requested, and drops every value after its la
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
-from ferry.backends import (
-    AUTO,
-    DEFAULT_MIN_PARTITION_SIZE,
-    FALLBACK,
-    CompiledPartition,
-    CompileSpec,
-    PlacementReport,
-    check_options,
-    explain,
-    get_backend,
-    parse_backends,
-)
+from ferry.backends import CompiledPartition, CompileSpec, check_options, get_backend
 from ferry.errors import InvalidInputError
-from ferry.graph import graph_inputs, load_model, model_source_path, prepare
+from ferry.graph import graph_inputs
 from ferry.plan import Partition, Plan, check_plan, cut_partition
 from ferry.runtime._cache import EngineCache, compile_partition, resolve_cache
 from ferry.runtime._specs import InputChecker, TensorSpec, spec_of
 
-if TYPE_CHECKING:
-    from ferry.parity import Budget
-    from ferry.runtime._auto import AutoChoice
-
-__all__ = [
-    "AUTO_BUDGET_S",
-    "PlanChoice",
-    "Session",
-    "load",
-    "lower_plan",
-    "make_plan",
-    "with_precision",
-]
+__all__ = ["Session", "check_threads", "lower_plan"]
 
 logger = logging.getLogger(__name__)
 
-#: Seconds ``backends="auto"`` spends timing candidates when ``ferry.load`` asks it (the choice is
-#: then cached per model and machine; ``ferry plan --backends auto --budget S`` measures longer).
-AUTO_BUDGET_S = 5.0
 
+def check_threads(threads: int | None) -> None:
+    """Refuse a thread count that is not a positive integer (None: each engine chooses).
 
-def load(
-    source: str | os.PathLike[str] | ir.Model | onnx.ModelProto,
-    *,
-    backends: str | Sequence[str] | None = None,
-    threads: int | None = None,
-    precision: str | None = None,
-    plan: Plan | None = None,
-    cache_dir: str | os.PathLike[str] | Literal[False] | None = None,
-    options: Mapping[str, Mapping[str, Any]] | None = None,
-    shapes: Mapping[str, Sequence[int]] | None = None,
-    example_inputs: Mapping[str, np.ndarray] | None = None,
-    accuracy: Budget | None = None,
-    check_pays: bool = True,
-) -> Session:
-    """Load a model and make it ready to run.
-
-    Args:
-        source: an ``.onnx`` file, a ferry artifact folder, an ``onnx_ir.Model`` or an
-            ``onnx.ModelProto``. The source is never modified.
-        backends: backend names in priority order (``"openvino,onnxruntime"`` or
-            ``["openvino", "onnxruntime"]``); None means ONNX Runtime on the CPU. With more than
-            ONNX Runtime, the graph is partitioned: each engine takes the nodes it supports, in
-            this order, and ONNX Runtime runs the rest. ``"auto"`` measures candidate plans on
-            this machine and runs the fastest correct one (the choice is cached per model).
-        threads: intra-op threads per engine; None lets each engine choose (all cores).
-        precision: run in this precision (``"fp32"``, ``"bf16"``, ``"fp16"``, ``"int8"``) on
-            every engine of the plan that offers it (ONNX Runtime runs the model's own types);
-            with ``"auto"``, only candidates in this precision are measured. None: each
-            engine's default (fp32).
-        plan: run this plan (``ferry plan -o``) instead of partitioning.
-        options: per-backend compile options, e.g. ``{"openvino": {"precision": "bf16"}}``,
-            merged over the plan's own.
-        cache_dir: where compiled engines are kept between runs: None for the default
-            (``$FERRY_CACHE_DIR``, else ``~/.cache/ferry``), a folder, or False for no cache.
-            Only backends that build a storable engine use it; ONNX Runtime does not.
-        shapes: the input sizes the model will run at (``{"x": (1, 3, 640, 640)}``): auto's
-            candidates, and a placed plan against ONNX Runtime alone, are timed there. None:
-            ``example_inputs``' sizes, else those saved in the artifact (``ferry.json``:
-            ``"shapes"`` or the last ``ferry bench``), else the model's fixed sizes (a symbolic
-            batch dim counts as 1; any other symbolic dim has no size: auto asks for it, the
-            split check is skipped with a warning).
-        example_inputs: real inputs to time (and, with ``"auto"``, judge) on.
-        accuracy: with ``"auto"``, the budget candidates are judged by against ONNX Runtime
-            fp32 (judge specs or a function, :func:`ferry.parity.within_budget`); None: cosine
-            >= 0.999 and argmax agreement >= 99%.
-        check_pays: when you list ONNX Runtime with other engines (``"openvino,onnxruntime"``)
-            and ferry places the model on them, time that plan against ONNX Runtime alone
-            (about 2 s, once per model, sizes and machine) and run ONNX Runtime alone, with a
-            warning, when the plan is slower: the engines you list are offered, and each runs
-            only where it pays. False keeps the plan regardless; an engine named without ONNX
-            Runtime (``"openvino"``) runs what it can, as asked.
-
-    Returns:
-        A Session; ``session.run({"input": array})`` gives ``{"output": array}``.
+    Raises:
+        InvalidInputError: ``threads`` is not None nor a positive integer.
     """
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise InvalidInputError(f"threads must be a positive integer, got {threads!r}")
-    names = parse_backends(backends)
-    for name in names:
-        if name != AUTO:
-            get_backend(name)  # fail early, naming the missing engine
-    for name, given in (options or {}).items():
-        check_options(get_backend(name), given)
-    model = load_model(source)
-    # Engines may read the file itself only when it is what we were given: an in-memory model
-    # loaded from a file may have been changed since.
-    source_path = model_source_path(model) if isinstance(source, (str, os.PathLike)) else None
-    # Work on a prepared copy (weights shared, not copied): the caller's model is never touched.
-    work = prepare(model)
-    if names != [AUTO] and accuracy is not None:
-        raise InvalidInputError(
-            "accuracy= is for backends='auto' (the budget its candidates are judged by); "
-            "ferry plan --verify --accuracy judges a plan's partitions"
-        )
-    if shapes is None and example_inputs is None:
-        from ferry.runtime._auto import artifact_shapes
-
-        shapes = artifact_shapes(source_path)
-    placed_here = plan is None
-    if plan is None:
-        plan = make_plan(
-            work,
-            names,
-            threads=threads,
-            precision=precision,
-            feeds=example_inputs,
-            shapes=shapes,
-            accuracy=accuracy,
-        ).plan
-    elif precision is not None:
-        plan = with_precision(plan, precision)
-    if options:
-        plan = plan.with_options(options)
-    offered = placed_here and FALLBACK in names and len(names) > 1
-    if check_pays and offered and set(plan.backends) != {FALLBACK}:
-        plan = _faster_plan(work, plan, threads, source_path, cache_dir, example_inputs, shapes)
-    session = Session(work, plan, threads=threads, source_path=source_path, cache_dir=cache_dir)
-    session.quantization = quantization_report(source_path)
-    return session
-
-
-def quantization_report(model_file: Path | None) -> dict[str, Any] | None:
-    """The report ``ferry quantize`` saved beside ``model_file`` (``<stem>.quantize.json``, or an
-    artifact's ``ferry.json`` ``"quantization"``); None for a model it did not make."""
-    if model_file is None:
-        return None
-    for path, key in (
-        (model_file.with_suffix(".quantize.json"), None),
-        (model_file.parent / "ferry.json", "quantization"),
-    ):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        found = data.get(key) if key and isinstance(data, dict) else data
-        if isinstance(found, dict) and "precision" in found and "target" in found:
-            return found
-    return None
-
-
-def _faster_plan(
-    work: ir.Model,
-    plan: Plan,
-    threads: int | None,
-    source_path: Path | None,
-    cache_dir: str | os.PathLike[str] | Literal[False] | None,
-    example_inputs: Mapping[str, np.ndarray] | None,
-    shapes: Mapping[str, Sequence[int]] | None,
-) -> Plan:
-    """``plan`` (other engines than ONNX Runtime in it), or ONNX Runtime alone when that runs
-    faster (see ``_pays``)."""
-    from ferry.runtime._auto import timing_feeds
-    from ferry.runtime._pays import cached_verdict, plan_pays
-
-    where = f"{len(plan.partitions)} partition(s) on {', '.join(plan.backends)}"
-    specs = [spec_of(v) for v in graph_inputs(work)]
-    try:
-        feeds = dict(example_inputs) if example_inputs is not None else timing_feeds(specs, shapes)
-    except InvalidInputError as e:
-        # A split is the risky case (each cut costs a copy and a call): say so loudly.
-        log = logger.warning if len(plan.partitions) > 1 else logger.info
-        log(
-            "not checked whether the plan (%s) is faster than ONNX Runtime alone: %s "
-            "(give shapes= or example_inputs= to check it)",
-            where,
-            str(e).split(". Give", 1)[0],
-        )
-        return plan
-    verdict = cached_verdict(work, plan, feeds, threads)
-    if verdict is None:
-        split = Session(work, plan, threads=threads, source_path=source_path, cache_dir=cache_dir)
-        verdict = plan_pays(work, split, feeds, threads=threads)
-    if verdict.pays:
-        logger.info("the plan (%s) pays: %s", where, verdict.describe())
-        return plan
-    logger.warning(
-        "running ONNX Runtime alone: %s, on %s. Pass check_pays=False (ferry.load) to run "
-        "the plan anyway, or name the engine without ONNX Runtime.",
-        verdict.describe(),
-        where,
-    )
-    return Plan.whole_graph(work, FALLBACK)
-
-
-@dataclasses.dataclass(frozen=True)
-class PlanChoice:
-    """A plan and how it was made.
-
-    Attributes:
-        plan: the plan.
-        report: placement's verdict per node and boundary tensors, when engines were placed.
-        auto: what ``auto`` measured, when it chose.
-    """
-
-    plan: Plan
-    report: PlacementReport | None = None
-    auto: AutoChoice | None = None
-
-
-def make_plan(
-    model: ir.Model,
-    backends: str | Sequence[str] | None,
-    *,
-    threads: int | None = None,
-    options: Mapping[str, Mapping[str, Any]] | None = None,
-    force_cpu: Iterable[str] = (),
-    min_partition_size: int = DEFAULT_MIN_PARTITION_SIZE,
-    feeds: Mapping[str, np.ndarray] | None = None,
-    shapes: Mapping[str, Sequence[int]] | None = None,
-    accuracy: Budget | None = None,
-    exact: bool = False,
-    budget_s: float | None = None,
-    remeasure: bool = False,
-    explain_placement: bool = False,
-    precision: str | None = None,
-) -> PlanChoice:
-    """The plan for running ``model`` (prepared: ``ferry.graph.prepare``) on ``backends``.
-
-    ONNX Runtime alone runs the whole graph; ``"auto"`` is the measured choice (``feeds``,
-    ``shapes``, ``accuracy``, ``exact``, ``remeasure`` and ``budget_s`` are auto's, see
-    :func:`ferry.runtime.auto_plan`; the budget defaults to :data:`AUTO_BUDGET_S`; with
-    ``precision``, only candidates in it are measured);
-    any other list is placed in priority order with
-    ONNX Runtime taking what no engine supports (``force_cpu`` and ``min_partition_size`` are
-    placement's; ``explain_placement`` asks for placement's report even for ONNX Runtime alone).
-    ``precision`` goes to every engine of the plan that offers it (:func:`with_precision`);
-    ``options`` (per backend) are merged over the plan's own.
-    """
-    names = parse_backends(backends)
-    if names == [AUTO]:
-        from ferry.runtime._auto import auto_plan
-
-        budget = AUTO_BUDGET_S if budget_s is None else budget_s
-        choice = auto_plan(
-            model,
-            threads=threads,
-            budget_s=budget,
-            feeds=feeds,
-            shapes=shapes,
-            accuracy=accuracy,
-            exact=exact,
-            precision=precision,
-            remeasure=remeasure,
-        )
-        made = PlanChoice(choice.plan, auto=choice)
-    elif names == [FALLBACK] and not force_cpu and not explain_placement:
-        made = PlanChoice(Plan.whole_graph(model, FALLBACK))
-    else:
-        report = explain(model, names, force_cpu=force_cpu, min_partition_size=min_partition_size)
-        made = PlanChoice(report.plan, report=report)
-    if precision is not None and names != [AUTO]:
-        made = dataclasses.replace(made, plan=with_precision(made.plan, precision))
-    if options:
-        made = dataclasses.replace(made, plan=made.plan.with_options(options))
-    return made
-
-
-def with_precision(plan: Plan, precision: str) -> Plan:
-    """``plan`` with ``precision`` set on every engine of it that offers that precision.
-
-    Raises:
-        InvalidInputError: no engine of the plan offers it (each one's offer is named).
-    """
-    offers = {name: tuple(get_backend(name).precisions) for name in plan.backends}
-    taking = [name for name, offered in offers.items() if precision in offered]
-    if not taking:
-        listed = "; ".join(f"{name} offers {', '.join(p)}" for name, p in offers.items())
-        raise InvalidInputError(
-            f"precision {precision!r}: no engine of the plan runs it ({listed}); choose one "
-            "they offer, or engines that offer it (backends=...)"
-        )
-    return plan.with_options({name: {"precision": precision} for name in taking})
 
 
 def lower_plan(model: ir.Model, plan: Plan) -> list[ir.Model]:

@@ -26,6 +26,7 @@ from ferry.errors import FerryError
 from ferry.graph import infer_value_types
 from ferry.parity import Budget, BudgetVerdict, OutputParity, compare_outputs, within_budget
 from ferry.plan import Partition, Plan, boundary, cut_partition
+from ferry.runtime._load import load
 
 __all__ = ["PartitionCheck", "all_values", "verify_plan"]
 
@@ -71,8 +72,6 @@ class PartitionCheck:
 
 def all_values(model: ir.Model, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Every value of the top-level graph, computed by ONNX Runtime on the whole model."""
-    from ferry.runtime._session import load
-
     probe = model.clone()
     # Outputs need a type; take shape inference's where the model declares none.
     inferred = infer_value_types(probe)

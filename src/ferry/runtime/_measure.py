@@ -1,0 +1,211 @@
+"""Measuring: the one block timer, the sizes to time at, where verdicts are kept, and the
+ONNX Runtime session both ``auto`` and the pays check time against.
+
+``auto`` (:mod:`ferry.runtime._auto`) and the pays check (:mod:`ferry.runtime._pays`) both time
+sessions against ONNX Runtime alone; they share everything here so that they time the same way
+(DESIGN, Measuring: alternating blocks of calls, never single calls), keep their verdicts under the
+same cache root as the engine cache (:func:`ferry.runtime.default_cache_dir`), and hand the
+sessions they timed back to ``load`` instead of building them again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+import onnx_ir as ir
+
+from ferry.backends import FALLBACK, get_backend, known_backends
+from ferry.errors import FerryError, InvalidInputError
+from ferry.plan import Plan
+from ferry.runtime._cache import default_cache_dir
+from ferry.runtime._feeds import random_feeds
+from ferry.runtime._session import Session
+from ferry.runtime._specs import TensorSpec
+
+__all__ = [
+    "Timed",
+    "alone_session",
+    "artifact_shapes",
+    "block_medians",
+    "machine_fingerprint",
+    "time_in_blocks",
+    "timing_feeds",
+    "verdicts_dir",
+]
+
+logger = logging.getLogger(__name__)
+
+#: How long a timed block lasts (at least one call): short calls get many of them.
+_BLOCK_S = 0.05
+
+
+class Timed(Protocol):
+    """What :func:`time_in_blocks` writes its figure on (``auto``'s candidates, the pays check's
+    two contenders)."""
+
+    label: str
+    latency_ms: float
+
+
+def time_in_blocks(
+    sessions: Sequence[tuple[Timed, Any]], feeds: Mapping[str, np.ndarray], budget_s: float
+) -> None:
+    """Set each entry's ``latency_ms`` to its session's median per call on ``feeds`` (see
+    :func:`block_medians`)."""
+    runs = [(lambda s=session: s.run(dict(feeds))) for _, session in sessions]
+    for (timed, _), seconds in zip(sessions, block_medians(runs, budget_s), strict=True):
+        timed.latency_ms = seconds * 1000
+
+
+def block_medians(runs: Sequence[Callable[[], Any]], budget_s: float) -> list[float]:
+    """Each call's median time in seconds, over rounds in which every ``run`` makes a block of
+    calls in turn (the order reversing each round), for about ``budget_s`` (at least 3 rounds).
+
+    A block lasts about :data:`_BLOCK_S` (at least one call) and starts with a tenth as many
+    untimed calls (at least one): an engine called right after another one's block first wakes
+    its worker threads and refills its caches (measured: OpenVINO at 0.7 ms right after ONNX
+    Runtime, 0.16 ms when warm, on a 0.14 ms model; 24 ms against 17 ms on a 17 ms audio model).
+    """
+    calls: list[tuple[int, int]] = []
+    for run in runs:  # warm up (first calls allocate), then size the block
+        for _ in range(2):
+            run()
+        start = time.perf_counter()
+        for _ in range(3):
+            run()
+        each = max((time.perf_counter() - start) / 3, 1e-6)
+        n = max(1, min(1000, int(_BLOCK_S / each)))
+        calls.append((n, max(1, n // 10)))
+    blocks: list[list[float]] = [[] for _ in runs]
+    deadline = time.perf_counter() + budget_s
+    order = list(range(len(runs)))
+    rounds = 0
+    while rounds < 3 or (time.perf_counter() < deadline and rounds < 200):
+        for i in order:
+            n, lead = calls[i]
+            for _ in range(lead):
+                runs[i]()
+            start = time.perf_counter()
+            for _ in range(n):
+                runs[i]()
+            blocks[i].append((time.perf_counter() - start) / n)
+        order.reverse()
+        rounds += 1
+    return [statistics.median(b) for b in blocks]
+
+
+def alone_session(
+    model: ir.Model,
+    *,
+    threads: int | None = None,
+    source_path: Path | None = None,
+    cache_dir: str | os.PathLike[str] | Literal[False] | None = None,
+) -> Session:
+    """ONNX Runtime running the whole of ``model`` (prepared): the baseline ``auto`` judges and
+    times against and the contender of the pays check, built as ``load`` builds it, so that the
+    session timed is the session returned when it wins."""
+    return Session(
+        model,
+        Plan.whole_graph(model, FALLBACK),
+        threads=threads,
+        source_path=source_path,
+        cache_dir=cache_dir,
+    )
+
+
+def timing_feeds(
+    specs: Sequence[TensorSpec],
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    *,
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
+    """Random inputs at the sizes the model will run: ``shapes`` where given, else the model's
+    fixed dims; a symbolic first dim (the batch) becomes 1.
+
+    Raises:
+        InvalidInputError: a symbolic dim past the first has no size: auto must not time a
+            detector at a few pixels; the message names the dims and the ``--shape`` to give.
+    """
+    shapes = dict(shapes or {})
+    missing = []
+    for spec in specs:
+        if spec.name in shapes:
+            continue
+        if spec.shape is None:
+            missing.append(f"{spec.name} (unknown rank)")
+            continue
+        open_dims = [str(i) for i, d in enumerate(spec.shape) if not isinstance(d, int) and i > 0]
+        if open_dims:
+            missing.append(f"{spec.name} dims {', '.join(open_dims)} ({spec.describe()})")
+    if missing:
+        example = next(s for s in specs if s.name not in shapes)
+        raise InvalidInputError(
+            "timing needs the sizes the model will run at, and these are not known "
+            "(timing a detector at a few pixels says nothing about it): "
+            + "; ".join(missing)
+            + f". Give them with --shape (e.g. --shape {example.name}=1,3,640,640), example "
+            "inputs (--input, or ferry.load(..., example_inputs=...)) or "
+            "ferry.load(..., shapes=...)"
+        )
+    return random_feeds(specs, shapes, seed=seed)
+
+
+def artifact_shapes(model_file: Path | None) -> dict[str, tuple[int, ...]] | None:
+    """Input sizes saved in the artifact ``model_file`` belongs to (``ferry.json`` beside it): its
+    ``"shapes"`` object, else the inputs of the latest ``ferry bench`` run saved there (its
+    baseline at the smallest batch). None when there is none."""
+    if model_file is None:
+        return None
+    report = model_file.parent / "ferry.json"
+    try:
+        data = json.loads(report.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    try:
+        if isinstance(data.get("shapes"), dict):
+            return {str(k): tuple(int(d) for d in v) for k, v in data["shapes"].items()}
+        runs = [r for r in data.get("benchmarks", []) if isinstance(r, dict)]
+        if runs:
+            configs = [c for c in runs[-1].get("configurations", []) if c.get("inputs")]
+            if configs:
+                first = min(configs, key=lambda c: (not c.get("baseline"), c.get("batch") or 0))
+                return {str(k): tuple(int(d) for d in v) for k, v in first["inputs"].items()}
+    except (TypeError, ValueError, AttributeError):
+        logger.warning("auto: ignoring the malformed input shapes in %s", report)
+    return None
+
+
+def machine_fingerprint() -> str:
+    """What makes timings from one machine meaningless on another: CPU, cores, engine versions."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions = []
+    for name in known_backends():
+        try:
+            versions.append(f"{name}={get_backend(name).version}")
+        except FerryError:
+            continue
+    return f"{cpu}|{os.cpu_count()}|{'|'.join(versions)}"
+
+
+def verdicts_dir() -> Path:
+    """Where auto's choices and the pays check's verdicts are kept: ``auto/`` under the cache root
+    the engine cache uses (:func:`ferry.runtime.default_cache_dir`)."""
+    return default_cache_dir() / "auto"

@@ -1,0 +1,267 @@
+"""The runtime's seams (issue 28): no module of a room imports another in a circle, ``ferry.load``
+spells out its keywords and names them when one is misspelt, ``auto`` and the pays check build
+each session they time once and hand the one kept to ``load``, and every cache lives under one
+root.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+import fake_engines
+import ferry
+from ferry.graph import prepare
+from ferry.runtime import _auto, _load, _measure, _pays, _session
+from ferry.runtime import load as runtime_load
+
+SRC = Path(ferry.__file__).parent
+
+#: Circles found in rooms other than the runtime when this test was written (issue 28), left for
+#: their rooms to cut. A circle not listed here fails; a listed one that is gone passes.
+KNOWN_CYCLES: dict[str, list[list[str]]] = {
+    "optimizer": [
+        [
+            "ferry.optimizer.rules.common._transpose_plans",
+            "ferry.optimizer.rules.common._transpose_regions",
+        ]
+    ],
+    "serving": [["ferry.serving._config", "ferry.serving._pbtxt"]],
+}
+
+
+def _modules(src: Path) -> dict[str, Path]:
+    found = {}
+    for path in sorted(src.rglob("*.py")):
+        parts = list(path.relative_to(src.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _imported(module: str, path: Path, modules: dict[str, Path]) -> Iterator[str]:
+    """The modules of the tree ``module`` imports: at the top, in functions, under
+    TYPE_CHECKING; ``from pkg import mod`` is an import of ``pkg.mod``."""
+
+    def known(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [known(alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                source = ".".join([*base, node.module] if node.module else base)
+            else:
+                source = node.module or ""
+            targets = [
+                f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else known(source)
+                for alias in node.names
+            ]
+        else:
+            continue
+        yield from (t for t in targets if t is not None and t != module)
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+@functools.cache
+def _cycles(src: Path) -> dict[str, list[list[str]]]:
+    """Each room's circles: sets of its modules that import each other round (Tarjan's strongly
+    connected components of the import graph, edges kept inside a room)."""
+    modules = _modules(src)
+    graph = {
+        m: sorted({t for t in _imported(m, p, modules) if _room(t) == _room(m)})
+        for m, p in modules.items()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: dict[str, list[list[str]]] = {}
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.setdefault(_room(v), []).append(sorted(component))
+
+    for module in graph:
+        if module not in index:
+            visit(module)
+    return found
+
+
+_ROOMS = sorted({_room(m) for m in _modules(SRC)})
+
+
+@pytest.mark.parametrize("room", _ROOMS)
+def test_no_module_of_a_room_imports_itself_back(room: str) -> None:
+    found = _cycles(SRC).get(room, [])
+    new = [c for c in found if c not in KNOWN_CYCLES.get(room, [])]
+    assert not new, f"modules of {room} import each other in a circle: {new}"
+    if found:
+        pytest.xfail(f"known circles in {room}, for the lead to decide: {found}")
+
+
+def test_the_cycle_checker_catches_a_function_level_import(tmp_path: Path) -> None:
+    room = tmp_path / "ferry" / "room"
+    room.mkdir(parents=True)
+    (tmp_path / "ferry" / "__init__.py").write_text("")
+    (room / "__init__.py").write_text("")
+    (room / "_a.py").write_text("from ferry.room._b import f\n")
+    (room / "_b.py").write_text("def f():\n    from ferry.room import _a\n")
+    (room / "_c.py").write_text("from ferry.room._a import f\n")  # on the way, not in the circle
+    assert _cycles(tmp_path / "ferry") == {"room": [["ferry.room._a", "ferry.room._b"]]}
+
+
+def test_a_misspelt_keyword_to_load_names_the_keywords_it_takes() -> None:
+    with pytest.raises(ferry.InvalidInputError) as info:
+        ferry.load("never-read.onnx", backend="openvino")
+    message = str(info.value)
+    assert "'backend'" in message and "did you mean 'backends'?" in message
+    for key in ("optimize", "backends", "threads", "cache_dir", "shapes", "check_pays"):
+        assert key in message
+
+
+def test_the_facade_spells_out_every_keyword_of_runtime_load() -> None:
+    def keywords(function: Any) -> dict[str, Any]:
+        return {
+            name: param.default
+            for name, param in inspect.signature(function).parameters.items()
+            if param.kind is inspect.Parameter.KEYWORD_ONLY
+        }
+
+    facade = keywords(ferry.load)
+    assert facade.pop("optimize") is False
+    assert facade == keywords(runtime_load)
+
+
+@pytest.fixture
+def engines(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake_engines.register(monkeypatch)
+    monkeypatch.setenv("FERRY_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def built(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every Session built meanwhile."""
+    sessions: list[Any] = []
+    init = _session.Session.__init__
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        sessions.append(self)
+
+    monkeypatch.setattr(_session.Session, "__init__", counting)
+    return sessions
+
+
+def heavy() -> ir.Model:
+    return prepare(ir.from_proto(fake_engines.heavy_model()))
+
+
+def test_auto_builds_each_candidate_once_and_keeps_the_chosen_session(
+    engines: None, built: list[Any]
+) -> None:
+    choice = _auto.auto_plan(heavy(), backends=["close", "wrong"], budget_s=0.05, cache=False)
+    assert len(choice.candidates) == 3 and len(built) == 3
+    assert choice.session is not None and choice.session.plan == choice.plan
+    assert any(s is choice.session for s in built)
+
+
+def test_load_auto_returns_the_session_it_timed(
+    engines: None, built: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_load, "AUTO_BUDGET_S", 0.05)
+    monkeypatch.setattr(_auto, "known_backends", lambda: ["close", "onnxruntime"])
+    chosen: list[Any] = []
+
+    def spying(*args: Any, **kwargs: Any) -> Any:
+        chosen.append(_auto.auto_plan(*args, **kwargs))
+        return chosen[-1]
+
+    monkeypatch.setattr(_load, "auto_plan", spying)
+    session = ferry.load(heavy(), backends="auto", cache_dir=False)
+    (choice,) = chosen
+    assert len(built) == len(choice.candidates) == 2  # not one more for the session returned
+    assert session is choice.session and session.plan.backends == ["close"]
+    # From the cache, nothing is measured: the one session built is the one returned.
+    built.clear()
+    again = ferry.load(heavy(), backends="auto", cache_dir=False)
+    assert chosen[-1].from_cache and built == [again]
+
+
+@pytest.mark.parametrize(("plan_ms", "alone_ms", "kept"), [(1.0, 2.0, "close"), (2.0, 1.0, None)])
+def test_the_pays_check_returns_the_session_it_timed(
+    engines: None,
+    built: list[Any],
+    monkeypatch: pytest.MonkeyPatch,
+    plan_ms: float,
+    alone_ms: float,
+    kept: str | None,
+) -> None:
+    def timed(runs: list[Any], feeds: Any, budget_s: float) -> None:
+        for contender, _ in runs:
+            contender.latency_ms = plan_ms if contender.label == "plan" else alone_ms
+
+    monkeypatch.setattr(_pays, "time_in_blocks", timed)
+    session = ferry.load(heavy(), backends="close,onnxruntime", cache_dir=False)
+    assert session.plan.backends == [kept or "onnxruntime"]
+    assert len(built) == 2 and any(s is session for s in built)  # the plan and ONNX Runtime
+    got = session.run({"x": np.ones((2, fake_engines.WIDTH), np.float32)})
+    assert got["y"].shape == (2, fake_engines.WIDTH)
+
+
+def test_every_cache_lives_under_one_root(
+    engines: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("FERRY_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    root = tmp_path / "xdg" / "ferry"
+    assert ferry.runtime.default_cache_dir() == root
+    assert ferry.runtime.resolve_cache(None).root == root  # type: ignore[union-attr]
+    assert _measure.verdicts_dir() == root / "auto"
+    choice = _auto.auto_plan(heavy(), backends=["close"], budget_s=0.05)
+    assert choice.cache_path is not None and choice.cache_path.parent == root / "auto"
+    model = heavy()
+    session = ferry.load(model, backends="close", cache_dir=False)
+    feeds = {"x": np.ones((1, fake_engines.WIDTH), np.float32)}
+    _pays.plan_pays(model, session, feeds)
+    assert _pays.cached_verdict(model, session.plan, feeds) is not None
+    assert [p.parent for p in root.glob("auto/pays-*.json")] == [root / "auto"]
+    monkeypatch.setenv("FERRY_CACHE_DIR", str(tmp_path / "env"))
+    assert _measure.verdicts_dir() == tmp_path / "env" / "auto"
+    assert ferry.runtime.default_cache_dir() == tmp_path / "env"
