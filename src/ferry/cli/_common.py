@@ -18,6 +18,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 # soft_wrap: long paths stay on one line (copyable), only tables are fitted to the width.
 console = Console(highlight=False, soft_wrap=True)
 
+#: Exit status of a verb whose result was refused (``optimize``, ``quantize``, ``compress``,
+#: ``export``): it computes something else than the model, is over the accuracy budget, is slower,
+#: or (``quantize``) was calibrated on random data.
+EXIT_REFUSED = 3
+
 
 def model_argument(f: F) -> F:
     return click.argument("model", type=click.Path(path_type=Path))(f)

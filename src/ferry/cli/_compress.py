@@ -7,11 +7,14 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from ferry.cli._common import console, image_data_options, image_preprocessing, show_report
+from ferry.cli._common import (
+    EXIT_REFUSED,
+    console,
+    image_data_options,
+    image_preprocessing,
+    show_report,
+)
 from ferry.errors import InvalidInputError
-
-#: Exit status when the end result was refused (over budget or slower).
-EXIT_REFUSED = 3
 
 
 @click.command("compress")

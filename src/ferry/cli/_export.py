@@ -9,11 +9,8 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from ferry.cli._common import console, split_pairs, write_json
+from ferry.cli._common import EXIT_REFUSED, console, split_pairs, write_json
 from ferry.errors import ConversionError, InvalidInputError
-
-#: Exit status when the export was refused: it computes something else than the model.
-EXIT_REFUSED = 3
 
 
 @click.command("export")

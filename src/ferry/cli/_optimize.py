@@ -9,14 +9,18 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from ferry.cli._common import console, human_bytes, human_count, split_pairs, write_json
+from ferry.cli._common import (
+    EXIT_REFUSED,
+    console,
+    human_bytes,
+    human_count,
+    split_pairs,
+    write_json,
+)
 from ferry.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from ferry.optimizer import OptimizeReport
-
-#: Exit status when the optimized model was refused (it computes something else, or is slower).
-EXIT_REFUSED = 3
 
 
 @click.command("optimize")

@@ -8,11 +8,14 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from ferry.cli._common import console, image_data_options, image_preprocessing, show_report
+from ferry.cli._common import (
+    EXIT_REFUSED,
+    console,
+    image_data_options,
+    image_preprocessing,
+    show_report,
+)
 from ferry.errors import InvalidInputError
-
-#: Exit status when the quantized model was refused (over budget, slower, random data).
-EXIT_REFUSED = 3
 
 
 @click.command("quantize")
