@@ -25,19 +25,20 @@ from ferry.backends._base import COMMON_OPTIONS, BackendBase, check_options, req
 from ferry.backends._capability import rule_table
 from ferry.backends._placement import (
     DEFAULT_MIN_PARTITION_SIZE,
-    LARGE_BOUNDARY_BYTES,
-    LARGE_BOUNDARY_RATIO,
-    MANY_PARTITIONS,
     SHAPE_INPUTS,
     UNCOUNTED_OPS,
-    BoundaryTensor,
-    EngineUse,
-    NodeVerdict,
-    PlacementCost,
-    PlacementReport,
     explain,
     place,
 )
+from ferry.backends._placement_cost import (
+    LARGE_BOUNDARY_BYTES,
+    LARGE_BOUNDARY_RATIO,
+    MANY_PARTITIONS,
+    BoundaryTensor,
+    EngineUse,
+    PlacementCost,
+)
+from ferry.backends._placement_report import NodeVerdict, PlacementReport
 from ferry.backends._registry import (
     AUTO,
     DEFAULT_BACKENDS,
