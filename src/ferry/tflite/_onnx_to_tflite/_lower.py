@@ -28,7 +28,7 @@ import onnx_ir as ir
 
 from ferry._version import __version__
 from ferry.errors import InvalidInputError, UnsupportedOpError
-from ferry.graph import graph_inputs, infer_value_types, prepare, shape_of
+from ferry.graph import graph_inputs, infer_value_types, prepare, shape_of, with_input_shapes
 from ferry.tflite._onnx_to_tflite._context import Held, Lowering, Options
 from ferry.tflite._onnx_to_tflite._fold import evaluate
 from ferry.tflite._onnx_to_tflite._fuse import (
@@ -61,7 +61,6 @@ __all__ = [
     "IOInfo",
     "Lowered",
     "check_precision",
-    "fix_input_shapes",
     "infer_shapes",
     "is_qdq",
     "lower_prepared",
@@ -284,7 +283,8 @@ def prepare_static(model: ir.Model, fixed: Mapping[str, tuple[int, ...]]) -> ir.
         model (input x: [N, 3, 224, 224]) -> copy (x: [1, 3, 224, 224], every value static)
     """
     work = prepare(model)
-    fix_input_shapes(work, fixed)
+    if fixed:
+        with_input_shapes(work, fixed, in_place=True, keep_output_shapes=True)
     infer_shapes(work)
     # Shape arithmetic (Shape -> Gather -> Div -> Concat -> Pad) hides sizes from inference:
     # folded, inference sees through it; repeated while a pass folds something.
@@ -294,20 +294,6 @@ def prepare_static(model: ir.Model, fixed: Mapping[str, tuple[int, ...]]) -> ir.
         infer_shapes(work)
     work.graph.sort()
     return work
-
-
-def fix_input_shapes(work: ir.Model, fixed: Mapping[str, Sequence[int]]) -> None:
-    """Give the named inputs these sizes (checked by :func:`static_inputs`) and clear the
-    shapes inferred inside, which were computed from the symbolic ones."""
-    if not fixed:
-        return
-    for value in work.graph.inputs:
-        if (value.name or "") in fixed:
-            value.shape = ir.Shape([int(d) for d in fixed[value.name or ""]])
-    for node in work.graph:
-        for out in node.outputs:
-            if not out.is_graph_output():
-                out.shape = None
 
 
 class _Pass:
