@@ -30,7 +30,7 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 import models  # noqa: E402
-from ferry.bench import BenchSpec, _agent  # noqa: E402
+from ferry.bench import BenchSpec, _agent, _agent_upload  # noqa: E402
 from ferry.serving import HTTPError, ServerThread  # noqa: E402
 
 TOKEN = "agent-s3cret"
@@ -348,7 +348,7 @@ def test_bytes_written_count_not_the_declared_size(tmp_path: Path) -> None:
     """A member that streams more than it declared is cut off by what was written."""
     dest = tmp_path / "dest"
     dest.mkdir()
-    unpacker = _agent._Unpacker(dest, limit=10_000, packed=5_000, max_ratio=100)
+    unpacker = _agent_upload._Unpacker(dest, limit=10_000, packed=5_000, max_ratio=100)
     path = unpacker.admit("liar.bin", is_dir=False)
     assert path is not None
     unpacker.declare("liar.bin", 10, None)
@@ -356,7 +356,7 @@ def test_bytes_written_count_not_the_declared_size(tmp_path: Path) -> None:
         unpacker.write("liar.bin", path, io.BytesIO(bytes(20_000)), None)
     assert caught.value.status == 413
     # And a member far above its compressed size, once past the ratio's floor.
-    unpacker = _agent._Unpacker(dest, limit=64 << 20, packed=10 << 20, max_ratio=100)
+    unpacker = _agent_upload._Unpacker(dest, limit=64 << 20, packed=10 << 20, max_ratio=100)
     path = unpacker.admit("swollen.bin", is_dir=False)
     assert path is not None
     with pytest.raises(HTTPError, match="'swollen.bin' unpacks to over 100 times") as caught:
@@ -367,7 +367,7 @@ def test_bytes_written_count_not_the_declared_size(tmp_path: Path) -> None:
 def test_too_many_members(
     agent: ServerThread, tmp_path: Path, job_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_agent, "_MAX_MEMBERS", 20)
+    monkeypatch.setattr(_agent_upload, "_MAX_MEMBERS", 20)
     members = [("model.onnx", "file", MODEL)] + [(f"f{i}", "file", b"x") for i in range(20)]
     for _, body in _both(members):
         _refused(agent, body, 400, "over 20 entries")
