@@ -384,7 +384,7 @@ def test_validate_rejects_what_the_cpu_plugin_does_not_run(backend: OpenVINOBack
 
 def test_validate_maps_decomposed_ops_to_their_node(backend: OpenVINOBackend) -> None:
     # LayerNormalization becomes MVN, Multiply, Add...: the generated names map back to "ln".
-    from ferry.backends._openvino import _convert_partially, _OwnerMap
+    from ferry.backends._openvino_query import _convert_partially, _OwnerMap
 
     graph = helper.make_graph(
         [helper.make_node("LayerNormalization", ["x", "s", "c"], ["y"], name="ln", axis=-1)],
