@@ -9,6 +9,7 @@ import ast
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from onnx import TensorProto, helper
@@ -95,7 +96,7 @@ def _special_cases(tree: ast.Module) -> Iterator[ast.expr]:
         if isinstance(node, ast.Compare):
             if any(_names_onnxruntime(side) for side in [node.left, *node.comparators]):
                 yield node
-        elif _is_set(node) and _names_onnxruntime(node):
+        elif isinstance(node, ast.expr) and _is_set(node) and _names_onnxruntime(node):
             yield node
 
 
@@ -160,7 +161,7 @@ def test_every_optional_capability_is_in_the_protocol() -> None:
 
 # What each built-in engine had before the base spelt the defaults out: the attributes it set
 # itself, and for the others what placement, the cache and the bench assumed when it had none.
-ENGINES = {
+ENGINES: dict[str, dict[str, Any]] = {
     "ferry.backends._onnxruntime:OnnxRuntimeBackend": {
         "ranked_inputs": False,
         "computes_shapes": False,
