@@ -9,7 +9,7 @@ copies more between engines than the model's inputs weigh.
 
 Before -> After::
 
-    report (x[N,16] -> [accel: Gemm] -> h[N,8] -> [onnxruntime: Relu]), shapes {x: [4, 16]}
+    plan (x[N,16] -> [accel: Gemm] -> h[N,8] -> [onnxruntime: Relu]), shapes {x: [4, 16]}
     -> 2 partitions, 2 engine calls per run, 1 boundary tensor, 128 B per run
 """
 
@@ -36,7 +36,6 @@ from ferry.graph import (
 )
 
 if TYPE_CHECKING:
-    from ferry.backends._placement_report import PlacementReport
     from ferry.plan import Plan
 
 __all__ = [
@@ -176,12 +175,20 @@ class PlacementCost:
 
 
 def split_cost(
-    report: PlacementReport, shapes: Mapping[str, Sequence[int]] | None = None
+    plan: Plan,
+    boundaries: tuple[BoundaryTensor, ...],
+    model: ir.Model | None,
+    refused: Sequence[str],
+    shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> PlacementCost:
-    """What the split of ``report``'s plan costs per run: partitions, engine calls, boundary tensors and bytes.
+    """What ``plan``'s split costs per run: partitions, engine calls, boundary tensors and bytes.
 
     Args:
-        report: the placement report.
+        plan: the plan.
+        boundaries: its boundary tensors, as placement found them (declared shapes).
+        model: the prepared model it was made on, where known: shapes are inferred on it.
+        refused: the op type of each node an engine refused (its fallback islands), named in
+            the warning about many partitions.
         shapes: concrete shapes of (some of) the graph inputs. Symbolic dims of the boundary
             tensors are worked out from them: shape inference runs again on a copy of the
             model with those inputs fixed (which finds derived dims, such as ``H/4`` after
@@ -200,11 +207,9 @@ def split_cost(
             another rank or a fixed dim another size, gives a size that is not a
             non-negative integer, or gives one named dim two sizes.
     """
-    plan = report.plan
-    fixed, symbols = bind_shapes(report.model, plan, shapes)
-    boundaries = report.boundaries
+    fixed, symbols = bind_shapes(model, plan, shapes)
     if shapes is not None:
-        boundaries = _boundaries_at(report, fixed, symbols)
+        boundaries = _boundaries_at(boundaries, model, fixed, symbols)
     engines: dict[str, list[int]] = {}
     for p in plan.partitions:
         use = engines.setdefault(p.backend, [0, 0])
@@ -212,10 +217,10 @@ def split_cost(
         use[1] += len(p.nodes)
     total = sum_or_none(b.nbytes for b in boundaries)
     known = sum(b.nbytes for b in boundaries if b.nbytes is not None)
-    inputs = input_bytes(report.model, fixed, symbols)
+    inputs = input_bytes(model, fixed, symbols)
     warnings: list[str] = []
     if len(plan.partitions) > MANY_PARTITIONS:
-        warnings.append(_fragmentation_warning(report))
+        warnings.append(_fragmentation_warning(len(plan.partitions), refused))
     if inputs and known > LARGE_BOUNDARY_RATIO * inputs and known >= LARGE_BOUNDARY_BYTES:
         warnings.append(
             f"{'' if total is not None else 'at least '}{human_bytes(known)} cross engines "
@@ -238,13 +243,11 @@ def split_cost(
     )
 
 
-def _fragmentation_warning(report: PlacementReport) -> str:
-    n = len(report.plan.partitions)
-    refused: dict[str, int] = {}
-    for v in report.nodes:
-        if v.reasons and v.note is None:
-            refused[v.op_type] = refused.get(v.op_type, 0) + 1
-    ranked = sorted(refused.items(), key=lambda kv: (-kv[1], kv[0]))
+def _fragmentation_warning(n: int, refused: Sequence[str]) -> str:
+    counts: dict[str, int] = {}
+    for op_type in refused:
+        counts[op_type] = counts.get(op_type, 0) + 1
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     ops = ", ".join(f"{op} x{count}" for op, count in ranked[:3])
     if len(ranked) > 3:
         ops += f" and {len(ranked) - 3} more"
@@ -257,17 +260,20 @@ def _fragmentation_warning(report: PlacementReport) -> str:
 
 
 def _boundaries_at(
-    report: PlacementReport, fixed: Mapping[str, tuple[int, ...]], symbols: Mapping[str, int]
+    boundaries: tuple[BoundaryTensor, ...],
+    model: ir.Model | None,
+    fixed: Mapping[str, tuple[int, ...]],
+    symbols: Mapping[str, int],
 ) -> tuple[BoundaryTensor, ...]:
     """The boundary tensors with shapes and sizes worked out at the fixed input shapes."""
     inferred: list[dict[str, tuple[Dim, ...]]] = []
     values: dict[str, ir.Value] = {}
-    if report.model is not None:
-        values = {v.name or "": v for node in report.model.graph for v in node.outputs}
+    if model is not None:
+        values = {v.name or "": v for node in model.graph for v in node.outputs}
         if fixed:
-            inferred = shapes_at(report.model, fixed)
+            inferred = shapes_at(model, fixed)
     found = []
-    for b in report.boundaries:
+    for b in boundaries:
         shape = best_shape([*(i.get(b.name) for i in inferred), b.shape], symbols)
         value = values.get(b.name)
         dtype = value.dtype if value is not None else None

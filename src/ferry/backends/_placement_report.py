@@ -106,7 +106,8 @@ class PlacementReport:
                 another rank or a fixed dim another size, gives a size that is not a
                 non-negative integer, or gives one named dim two sizes.
         """
-        return split_cost(self, shapes)
+        refused = [v.op_type for v in self.nodes if v.reasons and v.note is None]
+        return split_cost(self.plan, self.boundaries, self.model, refused, shapes)
 
     def format(self, shapes: Mapping[str, Sequence[int]] | None = None) -> str:
         """The report as text: partitions and their cost (with boundary sizes at ``shapes``,
