@@ -57,10 +57,10 @@ if TYPE_CHECKING:
         batch_dim_problem,
         check_precision,
         parse_config,
-        read_config,
         resolve_config,
         triton_config,
     )
+    from ferry.serving._config_file import read_config
     from ferry.serving._http import (
         DEFAULT_MAX_REQUEST_BYTES,
         HTTPError,
@@ -171,6 +171,7 @@ _MODULES = (
     "_http",
     "_server",
     "_config",
+    "_config_file",
     "_metrics",
     "_codec",
     "_batcher",

@@ -33,17 +33,13 @@ slower is not used (the model loads as it is, with a warning). Without it, the s
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Literal
 
 from ferry.errors import FerryError, InvalidInputError, ModelLoadError
 
 __all__ = [
-    "CONFIG_FILES",
     "DEFAULT_MAX_BATCH_SIZE",
     "DEFAULT_QUEUE_DELAY_US",
     "OPTIMIZE_LEVELS",
@@ -57,7 +53,6 @@ __all__ = [
     "check_optimize",
     "check_precision",
     "parse_config",
-    "read_config",
     "resolve_config",
     "triton_config",
 ]
@@ -65,7 +60,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: The config files a model folder may hold (one at most).
-CONFIG_FILES = ("config.json", "config.pbtxt")
 #: ``max_batch_size`` given to a model whose inputs and outputs all have a variable leading dim.
 DEFAULT_MAX_BATCH_SIZE = 8
 #: The dynamic batcher's default wait for more requests. Small: on a CPU most batching comes from
@@ -204,42 +198,6 @@ _KEYS = {
 }
 _BATCHING_KEYS = {"max_queue_delay_microseconds", "preferred_batch_size"}
 _INSTANCE_KEYS = {"count", "kind", "name"}
-
-
-def read_config(model_dir: str | os.PathLike[str], name: str) -> tuple[ModelConfig, str | None]:
-    """Read ``model_dir/config.json`` or ``model_dir/config.pbtxt`` if there is one.
-
-    Returns:
-        The config (defaults when there is no file) and the file's text (None without a file),
-        which the repository compares to notice edits.
-
-    Raises:
-        ConfigError: the file cannot be read or parsed, or breaks a rule; both files are there.
-    """
-    folder = Path(model_dir)
-    found = [folder / f for f in CONFIG_FILES if (folder / f).exists()]
-    if not found:
-        return ModelConfig(), None
-    if len(found) > 1:
-        raise ConfigError(
-            f"model {name!r} has both {found[0]} and {found[1]}; keep one (config.pbtxt is "
-            "Triton's format, config.json the same fields as JSON)"
-        )
-    (path,) = found
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read {path}: {e}") from e
-    if path.suffix == ".pbtxt":
-        from ferry.serving._pbtxt import parse_pbtxt
-
-        return parse_pbtxt(text, name, source=str(path)), text
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        raise ConfigError(f"{path} is not valid JSON: {e}") from None
-    config = parse_config(data, name, source=str(path))
-    return dataclasses.replace(config, source=str(path)), text
 
 
 def parse_config(data: Any, name: str, *, source: str = "config") -> ModelConfig:

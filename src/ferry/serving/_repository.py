@@ -45,8 +45,8 @@ from ferry.serving._config import (
     check_optimize,
     check_precision,
     parse_config,
-    read_config,
 )
+from ferry.serving._config_file import read_config
 from ferry.serving._declared import DeclaredVersion
 from ferry.serving._metrics import Metrics, VersionRecorder
 from ferry.serving._scheduler import ModelVersion, available_cores, load_version
