@@ -18,8 +18,8 @@ from click.testing import CliRunner
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'ferry[ray]'")
 
 from ferry.cli.main import cli
-from ferry.errors import InvalidInputError, ModelLoadError
 from ferry.deploy import ray as ferry_ray
+from ferry.errors import InvalidInputError, ModelLoadError
 
 
 @pytest.fixture(autouse=True)

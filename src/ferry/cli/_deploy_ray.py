@@ -142,8 +142,8 @@ def ray_command(
       ferry deploy ray --status
       ferry deploy ray --down
     """
-    from ferry.errors import InvalidInputError
     from ferry.deploy import ray as ferry_ray
+    from ferry.errors import InvalidInputError
 
     ferry_ray.serve_module()  # Ray Serve sets its logger up when imported: before it is quietened
     if not (ctx.obj or {}).get("debug"):
