@@ -1,4 +1,5 @@
-"""The README's Python quickstart runs as written, on a model shaped like the demo's."""
+"""The Python API's quickstart (docs/python-api.md) and the README tour's Python block run as
+written, on a model shaped like the demo's."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _block(after: str) -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def _block(after: str, page: str = "README.md") -> str:
+    text = (ROOT / page).read_text(encoding="utf-8")
     start = text.index(after)
     match = re.search(r"```python\n(.*?)```", text[start:], re.S)
     assert match is not None, f"no python block after {after!r}"
@@ -46,7 +47,18 @@ def test_python_quickstart_runs_on_the_demo_model(
     monkeypatch.chdir(tmp_path)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        exec(compile(_block("## Python quickstart"), "README.md", "exec"), {})
+        page = "docs/python-api.md"
+        exec(compile(_block("## Loading and running", page), page, "exec"), {})
     out = printed.getvalue()
     assert "TensorSpec(name='x', shape=('batch', 1, 8, 8)" in out
     assert "(4, 10)" in out and "input 'x' must be float32, got float64" in out
+
+    # The tour's block: the demo's 8 digits through ferry.load, one class each.
+    import numpy as np
+
+    np.save(tmp_path / "demo-out" / "digits.npy", np.zeros((8, 1, 8, 8), np.float32))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(_block("### Run: `ferry run` and `ferry.load`"), "README.md", "exec"), {})
+    classes = printed.getvalue().strip()
+    assert re.fullmatch(r"\[(\d\s*){8}\]", classes), classes

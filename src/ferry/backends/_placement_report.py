@@ -85,27 +85,9 @@ class PlacementReport:
         return sum_or_none(b.nbytes for b in self.boundaries)
 
     def cost(self, shapes: Mapping[str, Sequence[int]] | None = None) -> PlacementCost:
-        """What the split costs per run: partitions, engine calls, boundary tensors and bytes.
-
-        Args:
-            shapes: concrete shapes of (some of) the graph inputs. Symbolic dims of the boundary
-                tensors are worked out from them: shape inference runs again on a copy of the
-                model with those inputs fixed (which finds derived dims, such as ``H/4`` after
-                strided convolutions), and a dim named like one of a given input's dims takes
-                its size. Without shapes, sizes are those the model declares or implies.
-
-        Returns:
-            The cost; ``boundary_bytes`` is None, and ``unknown_sizes`` names the tensors, where
-            some size stays unknown. ``warnings`` says when the plan has more than
-            :data:`MANY_PARTITIONS` partitions, or its boundaries copy more than
-            :data:`LARGE_BOUNDARY_RATIO` times the input bytes (and at least
-            :data:`LARGE_BOUNDARY_BYTES`) per run.
-
-        Raises:
-            InvalidInputError: ``shapes`` names a value that is not a graph input, gives an input
-                another rank or a fixed dim another size, gives a size that is not a
-                non-negative integer, or gives one named dim two sizes.
-        """
+        """What the split costs per run: partitions, engine calls, boundary tensors and bytes
+        (:func:`ferry.backends._placement_cost.split_cost` on this report's plan: ``shapes``,
+        the result and the errors are described there)."""
         refused = [v.op_type for v in self.nodes if v.reasons and v.note is None]
         return split_cost(self.plan, self.boundaries, self.model, refused, shapes)
 

@@ -22,7 +22,7 @@ import onnx
 import onnx_ir as ir
 
 from ferry.errors import BackendUnavailableError, FerryError, InvalidInputError
-from ferry.graph import external_files, load_model, model_source_path, save_model
+from ferry.graph import external_files, load_model, model_source_path, save_model, tensors
 from ferry.optimizer._pipeline import FixInputShapesPass, pipeline, rule_context
 from ferry.optimizer.rules import TARGETS
 from ferry.parity import ParityReport, compare_outputs
@@ -265,15 +265,7 @@ def _ops(model: ir.Model) -> dict[str, int]:
 
 def _parameters(model: ir.Model) -> int:
     """Weight elements: initializers and ``Constant`` nodes (Paddle's weights) alike."""
-    count = sum(
-        v.const_value.size for v in model.graph.initializers.values() if v.const_value is not None
-    )
-    for node in ir.traversal.RecursiveGraphIterator(model.graph):
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-            attr = node.attributes.get("value")
-            if attr is not None and attr.type == ir.AttributeType.TENSOR:
-                count += attr.as_tensor().size
-    return count
+    return sum(tensor.size for tensor in tensors(model, weights_only=True))
 
 
 def _size(model: ir.Model) -> int:
