@@ -25,7 +25,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   pip_install --upgrade pip
   # The CPU build of torch, pinned first so that no extra can pull a multi-GB CUDA build.
   pip_install "torch==2.13.0"
-  pip_install -e "$root[dev,zoo,sklearn,tflite,openvino,serve,ray,plot]"
+  pip_install -e "$root[dev,zoo,sklearn,tflite,openvino,serve,ray,plot,generate]"
   # The example vendor adapter is an example: environments set up before it stopped being
   # installed lose it (tests register it themselves).
   "$venv/bin/python" -m pip uninstall -y --quiet ferry-acme-npu 2>/dev/null || true
