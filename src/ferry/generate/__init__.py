@@ -1,0 +1,8 @@
+"""Generative decoders: a GGUF file or a Hugging Face checkpoint built into one ONNX decoder graph
+(ids, positions and past key/values in; logits and present key/values out), its tokenizer and
+chat template beside it in an artifact folder, and the token loop that runs it.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []
