@@ -5,4 +5,6 @@ chat template beside it in an artifact folder, and the token loop that runs it.
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from ferry.generate._config import DecoderConfig
+
+__all__ = ["DecoderConfig"]
