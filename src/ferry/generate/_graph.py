@@ -1,0 +1,249 @@
+"""The decoder as one ONNX graph, written with onnx_ir from a :class:`DecoderConfig` and its
+weights (ferry writes the graph; it does not trace a model).
+
+I/O is Hugging Face optimum's layout, so existing ONNX decoders read the same: ``input_ids``,
+``attention_mask`` (past + new, 1 = attend), ``position_ids`` and ``past_key_values.{i}.key/value``
+in; ``logits`` and ``present.{i}.key/value`` out. The same graph serves the prompt (past of length
+0) and every new token; causal, padding and sliding-window masks are computed inside.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import onnx_ir as ir
+
+from ferry.errors import InvalidInputError
+from ferry.generate._graph_attention import Masks, Rope, apply_rope, attend, build_masks, build_rope
+from ferry.generate._graph_ops import MS_DOMAIN, OPSET, Builder
+from ferry.generate._graph_quant import Quantizer
+
+if TYPE_CHECKING:
+    from ferry.generate._config import DecoderConfig
+
+__all__ = ["FLAVOURS", "PRECISIONS", "build_decoder"]
+
+#: "standard": plain ONNX ops every engine reads; "ort": onnxruntime's contrib operators.
+FLAVOURS = ("standard", "ort")
+#: Weight precisions the graph builder writes.
+PRECISIONS = ("fp32", "int8", "int4")
+
+
+class WeightLike(Protocol):
+    """One tensor of :class:`~ferry.generate.DecoderWeights` (the part the graph reads)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    def float(self) -> np.ndarray: ...
+
+    def blocks(self) -> Any: ...
+
+
+class WeightsLike(Protocol):
+    """:class:`~ferry.generate.DecoderWeights`, as the graph reads it."""
+
+    def __getitem__(self, name: str) -> WeightLike: ...
+
+    def __contains__(self, name: object) -> bool: ...
+
+
+def build_decoder(
+    config: DecoderConfig,
+    weights: WeightsLike,
+    *,
+    precision: str = "fp32",
+    flavour: str = "standard",
+) -> ir.Model:
+    """Write the decoder graph.
+
+    Args:
+        config: The model's hyper-parameters.
+        weights: Its tensors by canonical name ("embed", "layers.0.q", ...).
+        precision: "fp32"; "int4"/"int8": projections as onnxruntime's MatMulNBits, taking
+            GGUF Q4_0/Q4_1/Q8_0 blocks as they are and quantizing the rest per block of 32.
+        flavour: "standard" (plain ONNX ops) or "ort" (onnxruntime contrib operators).
+
+    Returns:
+        The model; its metadata says "ferry.generative" = "decoder" and carries the config as
+        JSON ("ferry.decoder_config") and, for quantized builds, each requantized tensor's max
+        absolute error ("ferry.requantization").
+
+    Raises:
+        InvalidInputError: An unknown precision or flavour, or a config the graph cannot express.
+    """
+    if precision not in PRECISIONS:
+        raise InvalidInputError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    if flavour not in FLAVOURS:
+        raise InvalidInputError(f"flavour {flavour!r} is not one of {', '.join(FLAVOURS)}")
+    if config.num_heads % config.num_kv_heads:
+        raise InvalidInputError(
+            f"num_heads {config.num_heads} is not a multiple of num_kv_heads {config.num_kv_heads}"
+        )
+    b = Builder()
+    quant = Quantizer(b, precision)
+    kv_shape = ["batch", config.num_kv_heads, "past_sequence", config.head_dim]
+    inputs = [
+        ir.val("input_ids", ir.DataType.INT64, ir.Shape(["batch", "sequence"])),
+        ir.val("attention_mask", ir.DataType.INT64, ir.Shape(["batch", "total_sequence"])),
+        ir.val("position_ids", ir.DataType.INT64, ir.Shape(["batch", "sequence"])),
+    ]
+    pasts = []
+    for i in range(config.num_layers):
+        for part in ("key", "value"):
+            pasts.append(
+                ir.val(f"past_key_values.{i}.{part}", ir.DataType.FLOAT, ir.Shape(kv_shape))
+            )
+    input_ids, attention_mask, position_ids = inputs
+
+    masks = build_masks(b, input_ids, attention_mask, config)
+    rope = build_rope(b, position_ids, config)
+    embed = weights["embed"].float()
+    embed_value = b.init("embed", embed)
+    hidden = b.op("Gather", [embed_value, input_ids])
+    if config.embedding_scale != 1.0:
+        hidden = b.op("Mul", [hidden, b.const(config.embedding_scale)])
+
+    presents: list[ir.Value] = []
+    for i in range(config.num_layers):
+        hidden, key, value = _layer(
+            b, quant, weights, config, i, hidden, pasts[2 * i], pasts[2 * i + 1], masks, rope
+        )
+        presents += [key, value]
+
+    hidden = _norm(b, weights, config, "final_norm", hidden)
+    logits = _lm_head(b, quant, weights, config, hidden, embed_value)
+    if config.final_softcap:
+        cap = float(config.final_softcap)
+        logits = b.op(
+            "Mul", [b.op("Tanh", [b.op("Mul", [logits, b.const(1.0 / cap)])]), b.const(cap)]
+        )
+    logits = b.op("Identity", [logits], name="logits")
+    logits.dtype = ir.DataType.FLOAT
+    logits.shape = ir.Shape(["batch", "sequence", config.vocab_size])
+    total_shape = ir.Shape(["batch", config.num_kv_heads, "total_sequence", config.head_dim])
+    for i, present in enumerate(presents):
+        present.name = f"present.{i // 2}.{'key' if i % 2 == 0 else 'value'}"
+        present.dtype = ir.DataType.FLOAT
+        present.shape = total_shape
+
+    opsets = {"": OPSET}
+    if b.uses_ms:
+        opsets[MS_DOMAIN] = 1
+    graph = ir.Graph(
+        inputs=[*inputs, *pasts],
+        outputs=[logits, *presents],
+        nodes=b.tape.nodes,
+        initializers=b.tape.initializers,
+        opset_imports=opsets,
+        name=f"ferry_{config.architecture}_decoder",
+    )
+    model = ir.Model(graph, ir_version=10, producer_name="ferry")
+    model.metadata_props["ferry.generative"] = "decoder"
+    model.metadata_props["ferry.decoder_config"] = json.dumps(config.to_dict())
+    model.metadata_props["ferry.precision"] = precision
+    model.metadata_props["ferry.flavour"] = flavour
+    if quant.errors:
+        model.metadata_props["ferry.requantization"] = json.dumps(quant.errors)
+    return model
+
+
+def _norm(
+    b: Builder, weights: WeightsLike, config: DecoderConfig, name: str, x: ir.Value
+) -> ir.Value:
+    weight = weights[name].float()
+    if config.norm_plus_one:
+        weight = weight + 1.0
+    return b.rms_norm(x, weight, config.rms_norm_eps, name)
+
+
+def _layer(
+    b: Builder,
+    quant: Quantizer,
+    weights: WeightsLike,
+    config: DecoderConfig,
+    i: int,
+    hidden: ir.Value,
+    past_key: ir.Value,
+    past_value: ir.Value,
+    masks: Masks,
+    rope: Rope,
+) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """One pre-norm block (gemma adds post-norms); returns the residual and present k/v."""
+    p = f"layers.{i}."
+    x = _norm(b, weights, config, p + "attn_norm", hidden)
+    q = _heads(b, quant, weights, config, p + "q", x, config.num_heads)
+    k = _heads(b, quant, weights, config, p + "k", x, config.num_kv_heads)
+    v = _heads(b, quant, weights, config, p + "v", x, config.num_kv_heads)
+    q = apply_rope(b, q, rope)
+    k = apply_rope(b, k, rope)
+    key = b.op("Concat", [past_key, k], {"axis": 2})
+    value = b.op("Concat", [past_value, v], {"axis": 2})
+    sliding = bool(config.sliding_pattern[i]) if i < len(config.sliding_pattern) else False
+    mask = masks.sliding if sliding and masks.sliding is not None else masks.full
+    context = attend(b, q, key, value, mask, config)
+    out = quant.linear(context, weights[p + "o"], p + "o")
+    if p + "post_attn_norm" in weights:
+        out = _norm(b, weights, config, p + "post_attn_norm", out)
+    hidden = b.op("Add", [hidden, out])
+
+    x = _norm(b, weights, config, p + "ffn_norm", hidden)
+    gate = quant.linear(x, weights[p + "gate"], p + "gate")
+    up = quant.linear(x, weights[p + "up"], p + "up")
+    if config.activation == "silu":
+        act = b.op("Mul", [gate, b.op("Sigmoid", [gate])])
+    elif config.activation == "gelu_tanh":
+        act = b.op("Gelu", [gate], {"approximate": "tanh"})
+    else:
+        raise InvalidInputError(f"activation {config.activation!r} is not one of silu, gelu_tanh")
+    out = quant.linear(b.op("Mul", [act, up]), weights[p + "down"], p + "down")
+    if p + "post_ffn_norm" in weights:
+        out = _norm(b, weights, config, p + "post_ffn_norm", out)
+    return b.op("Add", [hidden, out]), key, value
+
+
+def _heads(
+    b: Builder,
+    quant: Quantizer,
+    weights: WeightsLike,
+    config: DecoderConfig,
+    name: str,
+    x: ir.Value,
+    heads: int,
+) -> ir.Value:
+    """A q/k/v projection (+ bias, + per-head RMSNorm) split into [B, heads, S, d]."""
+    y = quant.linear(x, weights[name], name)
+    if name + "_bias" in weights:
+        y = b.op("Add", [y, b.init(name + "_bias", weights[name + "_bias"].float())])
+    y = b.op("Reshape", [y, b.ints([0, 0, heads, config.head_dim])])
+    if name + "_norm" in weights:
+        y = _norm(b, weights, config, name + "_norm", y)
+    return b.op("Transpose", [y], {"perm": [0, 2, 1, 3]})
+
+
+def _lm_head(
+    b: Builder,
+    quant: Quantizer,
+    weights: WeightsLike,
+    config: DecoderConfig,
+    hidden: ir.Value,
+    embed_value: ir.Value,
+) -> ir.Value:
+    """The output projection; tied to the embedding, it reads the same initializer (fp32)."""
+    tied = "lm_head" not in weights
+    source = weights["embed"] if tied else weights["lm_head"]
+    if quant.quantized:
+        return quant.linear(hidden, source, "lm_head")
+    # Gemm with transB reads the (vocab, hidden) matrix as stored: no transposed copy, and a
+    # tied head shares the embedding's initializer.
+    flat = b.op("Reshape", [hidden, b.ints([-1, config.hidden_size])])
+    weight = embed_value if tied else b.init("lm_head", source.float())
+    logits = b.op("Gemm", [flat, weight], {"transB": 1})
+    out_shape = b.op(
+        "Concat",
+        [b.op("Shape", [hidden], {"start": 0, "end": 2}), b.ints([config.vocab_size])],
+        {"axis": 0},
+    )
+    return b.op("Reshape", [logits, out_shape])

@@ -1,0 +1,158 @@
+"""Attention in standard ONNX ops: the causal/padding/sliding masks, rotary position embedding
+computed in-graph from position_ids, and grouped-query attention over past + new keys.
+
+Shapes: B batch, S new tokens, T = past + S, h heads, d head width.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnx_ir as ir
+
+from ferry.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from ferry.generate._config import DecoderConfig
+    from ferry.generate._graph_ops import Builder
+
+
+@dataclass(frozen=True)
+class Masks:
+    """Boolean attend-masks, [B, 1, 1, S, T] so they broadcast over (kv head, group)."""
+
+    full: ir.Value
+    sliding: ir.Value | None
+
+
+@dataclass(frozen=True)
+class Rope:
+    """cos/sin tables, [B, 1, S, d/2] (halves form: [B, 1, S, d], concatenated twice)."""
+
+    cos: ir.Value
+    sin: ir.Value
+    interleaved: bool
+    rotary_dim: int
+
+
+def build_masks(
+    b: Builder, input_ids: ir.Value, attention_mask: ir.Value, config: DecoderConfig
+) -> Masks:
+    """Causal + padding masks from the shapes and attention_mask.
+
+    The query's absolute index is past + its offset (past = T - S), independent of position_ids,
+    so left-padded rows whose positions restart at 0 still mask causally by slot.
+    """
+    seq = b.op("Squeeze", [b.op("Shape", [input_ids], {"start": 1, "end": 2}), b.ints([0])])
+    total = b.op("Squeeze", [b.op("Shape", [attention_mask], {"start": 1, "end": 2}), b.ints([0])])
+    past = b.op("Sub", [total, seq])
+    qpos = b.op("Unsqueeze", [b.op("Range", [past, total, b.ints(1)]), b.ints([1])])  # [S, 1]
+    kpos = b.op("Unsqueeze", [b.op("Range", [b.ints(0), total, b.ints(1)]), b.ints([0])])  # [1, T]
+    causal = b.op("LessOrEqual", [kpos, qpos])  # [S, T]
+    pad = b.op("Cast", [attention_mask], {"to": ir.DataType.BOOL})
+    pad = b.op("Unsqueeze", [pad, b.ints([1, 2, 3])])  # [B, 1, 1, 1, T]
+    full = b.op("And", [causal, pad], name="attn_mask")
+    sliding = None
+    if config.sliding_window and any(config.sliding_pattern):
+        # HF's rule: key k is visible to query q when q - k < window.
+        distance = b.op("Sub", [qpos, kpos])
+        near = b.op("Less", [distance, b.ints(int(config.sliding_window))])
+        sliding = b.op("And", [b.op("And", [causal, near]), pad], name="attn_mask_sliding")
+    return Masks(full, sliding)
+
+
+def inv_freq(config: DecoderConfig) -> np.ndarray:
+    """theta^(-2i/d), with the checkpoint's rope scaling ("linear", "llama3") applied."""
+    d = config.head_dim
+    freq = 1.0 / (config.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    scaling = config.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind in ("default", None):
+        pass
+    elif kind == "linear":
+        freq = freq / float(scaling["factor"])
+    elif kind == "llama3":
+        factor = float(scaling["factor"])
+        low = float(scaling.get("low_freq_factor", 1.0))
+        high = float(scaling.get("high_freq_factor", 4.0))
+        old = float(scaling.get("original_max_position_embeddings", 8192))
+        wavelen = 2 * math.pi / freq
+        scaled = np.where(wavelen > old / low, freq / factor, freq)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old / high) & (wavelen <= old / low)
+        freq = np.where(medium, smoothed, scaled)
+    else:
+        raise InvalidInputError(
+            f"rope scaling {kind!r} is not supported; supported: default, linear, llama3"
+        )
+    return freq.astype(np.float32)
+
+
+def build_rope(b: Builder, position_ids: ir.Value, config: DecoderConfig) -> Rope:
+    """cos/sin of position * inv_freq, once for every layer."""
+    pos = b.op("Cast", [position_ids], {"to": ir.DataType.FLOAT})
+    pos = b.op("Unsqueeze", [pos, b.ints([1, 3])])  # [B, 1, S, 1]
+    angles = b.op("Mul", [pos, b.init("rope_inv_freq", inv_freq(config))])  # [B, 1, S, d/2]
+    cos = b.op("Cos", [angles])
+    sin = b.op("Sin", [angles])
+    if config.rope_interleaved:
+        cos = b.op("Unsqueeze", [cos, b.ints([-1])], name="rope_cos")  # [B, 1, S, d/2, 1]
+        sin = b.op("Unsqueeze", [sin, b.ints([-1])], name="rope_sin")
+    else:
+        cos = b.op("Concat", [cos, cos], {"axis": -1}, name="rope_cos")
+        sin = b.op("Concat", [sin, sin], {"axis": -1}, name="rope_sin")
+    return Rope(cos, sin, config.rope_interleaved, config.head_dim)
+
+
+def apply_rope(b: Builder, x: ir.Value, rope: Rope) -> ir.Value:
+    """Rotate x [B, h, S, d]: pairs (2i, 2i+1) when interleaved, else halves (HF's rotate_half)."""
+    d = rope.rotary_dim
+    if rope.interleaved:
+        pairs = b.op("Reshape", [x, b.ints([0, 0, 0, d // 2, 2])])
+        even = b.op("Slice", [pairs, b.ints([0]), b.ints([1]), b.ints([-1])])
+        odd = b.op("Slice", [pairs, b.ints([1]), b.ints([2]), b.ints([-1])])
+        new_even = b.op("Sub", [b.op("Mul", [even, rope.cos]), b.op("Mul", [odd, rope.sin])])
+        new_odd = b.op("Add", [b.op("Mul", [odd, rope.cos]), b.op("Mul", [even, rope.sin])])
+        rotated = b.op("Concat", [new_even, new_odd], {"axis": -1})
+        return b.op("Reshape", [rotated, b.ints([0, 0, 0, d])])
+    first = b.op("Slice", [x, b.ints([0]), b.ints([d // 2]), b.ints([-1])])
+    second = b.op("Slice", [x, b.ints([d // 2]), b.ints([d]), b.ints([-1])])
+    turned = b.op("Concat", [b.op("Neg", [second]), first], {"axis": -1})
+    return b.op("Add", [b.op("Mul", [x, rope.cos]), b.op("Mul", [turned, rope.sin])])
+
+
+def attend(
+    b: Builder,
+    q: ir.Value,
+    k: ir.Value,
+    v: ir.Value,
+    mask: ir.Value,
+    config: DecoderConfig,
+) -> ir.Value:
+    """Grouped-query attention: q [B, h, S, d] against k, v [B, kv, T, d] -> [B, S, h*d].
+
+    Queries are grouped [B, kv, h/kv, S, d] so each kv head broadcasts over its group instead of
+    being repeated in memory; the scores and softmax stay in float32.
+    """
+    h, kv, d = config.num_heads, config.num_kv_heads, config.head_dim
+    grouped = b.op("Reshape", [q, b.ints([0, kv, h // kv, -1, d])])
+    grouped = b.op("Mul", [grouped, b.const(config.query_scale)])
+    keys_t = b.op("Transpose", [b.op("Unsqueeze", [k, b.ints([2])])], {"perm": [0, 1, 2, 4, 3]})
+    scores = b.op("MatMul", [grouped, keys_t])  # [B, kv, h/kv, S, T]
+    if config.attn_softcap:
+        cap = float(config.attn_softcap)
+        scores = b.op(
+            "Mul", [b.op("Tanh", [b.op("Mul", [scores, b.const(1.0 / cap)])]), b.const(cap)]
+        )
+    # Where, not an additive mask: a fully masked row (a left-pad query) stays finite.
+    lowest = b.const(np.finfo(np.float32).min)
+    scores = b.op("Where", [mask, scores, lowest])
+    probs = b.op("Softmax", [scores], {"axis": -1})
+    context = b.op("MatMul", [probs, b.op("Unsqueeze", [v, b.ints([2])])])  # [B, kv, h/kv, S, d]
+    context = b.op("Reshape", [context, b.ints([0, h, -1, d])])
+    context = b.op("Transpose", [context], {"perm": [0, 2, 1, 3]})
+    return b.op("Reshape", [context, b.ints([0, 0, h * d])])
