@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+
 import numpy as np
 import onnx_ir as ir
 import pytest
