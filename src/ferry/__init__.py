@@ -124,7 +124,8 @@ def load(
 
     Args:
         source: an ``.onnx`` file, a ferry artifact folder, an ``onnx_ir.Model`` or an
-            ``onnx.ModelProto``; never modified.
+            ``onnx.ModelProto``; never modified. A generative artifact folder (``ferry convert
+            model.gguf``) gives a ``ferry.generate`` DecoderSession (``.generate(prompt)``).
         optimize: run :func:`ferry.optimize` before placement (``True`` or ``"basic"``,
             ``"extended"``) for the first engine named, verified against the model on
             ``example_inputs`` (else random inputs at ``shapes``) and timed; when the result
@@ -147,6 +148,14 @@ def load(
     """
     if unknown:
         _refuse_keywords(unknown)
+    from ferry.generate._loop import DecoderSession, is_generative_artifact
+
+    if is_generative_artifact(source):
+        # A decoder runs token by token: the DecoderSession wraps the runtime's Session.
+        decoder = DecoderSession.from_folder(
+            source, backends=backends, threads=threads, precision=precision, cache_dir=cache_dir
+        )
+        return decoder  # type: ignore[return-value]  # documented: a DecoderSession here
     from ferry.runtime import load as load_session
 
     if optimize is not False:

@@ -288,3 +288,21 @@ def test_facade_and_detection(tmp_path: Path) -> None:
     assert not is_generative_artifact(plain)
     (plain / "ferry.json").write_text(json.dumps({"generative": {"config": {}}}))
     assert is_generative_artifact(plain)
+
+
+def test_facade_loads_a_generative_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    onnx.save(tiny_decoder(), tmp_path / "model.onnx")
+    called: dict[str, Any] = {}
+
+    def from_folder(cls: type, folder: Path, **load_options: Any) -> DecoderSession:
+        called.update(load_options, folder=folder)
+        session = ferry.load(Path(folder) / "model.onnx", **load_options)
+        return DecoderSession(session, byte_tokenizer())
+
+    monkeypatch.setattr(DecoderSession, "from_folder", classmethod(from_folder))
+    decoder: Any = ferry.load(tmp_path, threads=1)
+    assert isinstance(decoder, DecoderSession)
+    assert called["folder"] == tmp_path and called["threads"] == 1
+    assert decoder.generate(PROMPT, max_new_tokens=3).ids == expected(PROMPT_IDS, 3)
+    # The model file itself is an ordinary model.
+    assert not isinstance(ferry.load(tmp_path / "model.onnx"), DecoderSession)

@@ -364,16 +364,18 @@ def _graph_config(session: Session) -> dict[str, Any]:
 
 def is_generative_artifact(source: Any) -> bool:
     """Whether ``source`` is a folder holding a generative decoder: its ``ferry.json`` has a
-    "generative" section, or its ``model.onnx`` carries the ``ferry.generative`` metadata."""
+    "generative" section, or (a folder without ``ferry.json``) its ``model.onnx`` carries the
+    ``ferry.generative`` metadata."""
     if not isinstance(source, (str, os.PathLike)) or not Path(source).is_dir():
         return False
     folder = Path(source)
     try:
         manifest = json.loads((folder / "ferry.json").read_text(encoding="utf-8"))
-        if isinstance(manifest, dict) and "generative" in manifest:
-            return True
     except (OSError, ValueError):
-        pass
+        manifest = None
+    if isinstance(manifest, dict):
+        # ferry's own artifacts say so in their manifest: no second parse of a large model.
+        return "generative" in manifest
     model = folder / "model.onnx"
     if not model.is_file():
         return False

@@ -1,0 +1,120 @@
+"""``ferry generate`` on the tiny decoder of test_loop (issue 29)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+import onnx
+import pytest
+from click.testing import CliRunner, Result
+from tests.generate.test_loop import (
+    PROMPT,
+    PROMPT_IDS,
+    _Template,
+    byte_tokenizer,
+    expected,
+    tiny_decoder,
+)
+
+import ferry
+from ferry.cli._generate import command
+from ferry.cli.main import FerryGroup
+from ferry.generate._loop import DecoderSession
+
+#: The keywords the command loaded the artifact with.
+LOAD_OPTIONS: dict[str, Any] = {}
+
+
+@pytest.fixture
+def artifact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    onnx.save(tiny_decoder(context=48), folder / "model.onnx")
+    (folder / "ferry.json").write_text(json.dumps({"generative": {"config": {}}}))
+    LOAD_OPTIONS.clear()
+
+    def from_folder(cls: type, where: Path, **load_options: Any) -> DecoderSession:
+        # The artifact's tokenizer files are the artifact module's to read; the loop and the
+        # command are what is tested here.
+        LOAD_OPTIONS.update(load_options)
+        session = ferry.load(Path(where) / "model.onnx", **load_options)
+        return DecoderSession(session, byte_tokenizer(), _Template(), {"eos_token_id": []})
+
+    monkeypatch.setattr(DecoderSession, "from_folder", classmethod(from_folder))
+    return folder
+
+
+@click.group(cls=FerryGroup)
+def cli() -> None:
+    """The command under ferry's own group (its error lines and exit codes): ``ferry.cli.main``
+    registers it once the README's tour shows it (tests/unit/test_docs.py asks that)."""
+
+
+cli.add_command(command)
+
+
+def generate(*args: str) -> Result:
+    return CliRunner().invoke(cli, ["generate", *args], prog_name="ferry")
+
+
+def test_streams_the_text_and_reports(artifact: Path) -> None:
+    result = generate(str(artifact), "--prompt", PROMPT, "--max-new-tokens", "8", "--threads", "1")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == byte_tokenizer().decode(expected(PROMPT_IDS, 8)) + "\n"
+    assert "finish: length, 5 prompt tokens, 8 new tokens" in result.stderr
+    assert "tokens/s" in result.stderr
+    assert LOAD_OPTIONS["threads"] == 1
+
+
+def test_chat_with_a_system_message(artifact: Path) -> None:
+    result = generate(
+        str(artifact), "--prompt", "hi", "--system", "be brief", "--max-new-tokens", "3"
+    )
+    assert result.exit_code == 0, result.output
+    prompt = list(b"<system>be brief<user>hi<assistant>")
+    assert result.stdout.rstrip("\n") == byte_tokenizer().decode(expected(prompt, 3))
+
+
+def test_stop_text(artifact: Path) -> None:
+    full = byte_tokenizer().decode(expected(PROMPT_IDS, 20))
+    stop = full[6:8]
+    result = generate(str(artifact), "--prompt", PROMPT, "--max-new-tokens", "20", "--stop", stop)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == full[: full.find(stop)] + "\n"
+    assert "finish: stop" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--temperature", "-1"], "temperature=-1.0 is out of range"),
+        (["--top-p", "2"], "top_p"),
+        (["--max-new-tokens", "0"], "max_new_tokens"),
+        (["--prompt", "x" * 60], "the prompt is 60 tokens; the context is 48"),
+    ],
+)
+def test_bad_input_is_one_error_line(artifact: Path, args: list[str], said: str) -> None:
+    result = generate(str(artifact), "--prompt", PROMPT, *args)
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], lines
+
+
+def test_a_plain_model_folder_is_refused(tmp_path: Path) -> None:
+    model = tiny_decoder()
+    del model.metadata_props[:]
+    onnx.save(model, tmp_path / "model.onnx")
+    result = generate(str(tmp_path), "--prompt", PROMPT)
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: ") and "not a generative artifact" in result.stderr
+
+
+def test_help_has_examples() -> None:
+    result = generate("--help")
+    assert result.exit_code == 0
+    assert (
+        "ferry generate smollm/ --chat" in result.output and "--repetition-penalty" in result.output
+    )
