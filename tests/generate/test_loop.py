@@ -306,3 +306,31 @@ def test_facade_loads_a_generative_folder(tmp_path: Path, monkeypatch: pytest.Mo
     assert decoder.generate(PROMPT, max_new_tokens=3).ids == expected(PROMPT_IDS, 3)
     # The model file itself is an ordinary model.
     assert not isinstance(ferry.load(tmp_path / "model.onnx"), DecoderSession)
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "gemma2"])
+def test_a_tiny_random_real_decoder(name: str) -> None:
+    """build_decoder's graph through the loop: greedy ids as a full recompute of the reference
+    forward gives them, up to the context its metadata carries."""
+    import dataclasses
+
+    from tests.generate.test_graph_decoder import CONFIGS, make_weights, reference
+
+    from ferry.generate._graph import build_decoder
+
+    config = dataclasses.replace(CONFIGS[name], vocab_size=VOCAB, context_length=16)
+    weights = make_weights(config, seed=3)
+    session = DecoderSession(ferry.load(build_decoder(config, weights)), byte_tokenizer())
+    assert session.context_length == 16 and session.num_layers == config.num_layers
+    gen = session.generate(ids=PROMPT_IDS, max_new_tokens=100)
+    assert gen.finish_reason == "length" and len(gen.ids) == 16 - len(PROMPT_IDS)
+    ids = list(PROMPT_IDS)
+    for got in gen.ids:
+        logits = reference(config, weights, np.array(ids))[-1]
+        top2 = np.sort(logits)[-2:]
+        if top2[1] - top2[0] < 1e-3:
+            break  # a near-tie: float32 may pick either; what follows differs legitimately
+        assert got == int(np.argmax(logits))
+        ids.append(got)
+    else:
+        assert ids[len(PROMPT_IDS) :] == gen.ids
