@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -82,7 +82,7 @@ def command(
     session = DecoderSession.from_folder(
         artifact, backends=backends, threads=threads, precision=precision
     )
-    options = {
+    options: dict[str, Any] = {
         "max_new_tokens": max_new_tokens,
         "temperature": temperature,
         "top_k": top_k,

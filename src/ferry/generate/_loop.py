@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import numpy as np
 
@@ -362,7 +362,7 @@ def _graph_config(session: Session) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
-def is_generative_artifact(source: Any) -> bool:
+def is_generative_artifact(source: object) -> TypeGuard[str | os.PathLike[str]]:
     """Whether ``source`` is a folder holding a generative decoder: its ``ferry.json`` has a
     "generative" section, or (a folder without ``ferry.json``) its ``model.onnx`` carries the
     ``ferry.generative`` metadata."""
