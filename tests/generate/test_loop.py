@@ -334,3 +334,13 @@ def test_a_tiny_random_real_decoder(name: str) -> None:
         ids.append(got)
     else:
         assert ids[len(PROMPT_IDS) :] == gen.ids
+
+
+def test_text_that_may_begin_a_stop_string_is_held_back() -> None:
+    from ferry.generate._loop import _safe_end
+
+    assert _safe_end("hello wo", 0, ["world"]) == len("hello ")
+    assert _safe_end("hello wo", 0, ["x", "o w", "world"]) == len("hello ")
+    assert _safe_end("abc\ufffd", 0, ["zz"]) == 3
+    assert _safe_end("abc", 2, ["cd"]) == 2
+    assert _safe_end("abc", 2, ["bcd"]) == 3  # what was given out stays given

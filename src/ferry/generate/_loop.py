@@ -344,12 +344,13 @@ def _safe_end(text: str, start: int, stops: list[str]) -> int:
     end = len(text)
     while end > start and text[end - 1] == _PARTIAL:
         end -= 1
+    hold = 0
     for s in stops:
-        for k in range(min(len(s) - 1, end - start), 0, -1):
+        for k in range(min(len(s) - 1, end - start), hold, -1):
             if text[end - k : end] == s[:k]:
-                end -= k
+                hold = k
                 break
-    return end
+    return end - hold
 
 
 def _graph_config(session: Session) -> dict[str, Any]:
