@@ -5,6 +5,7 @@ chat template beside it in an artifact folder, and the token loop that runs it.
 
 from __future__ import annotations
 
-from ferry.generate._config import DecoderConfig
+from ferry.generate._config import SUPPORTED_ARCHITECTURES, DecoderConfig
+from ferry.generate._weights import DecoderWeights, Weight
 
-__all__ = ["DecoderConfig"]
+__all__ = ["SUPPORTED_ARCHITECTURES", "DecoderConfig", "DecoderWeights", "Weight"]

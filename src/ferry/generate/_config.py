@@ -229,11 +229,12 @@ class DecoderConfig:
         model_type = str(config_json.get("model_type", ""))
         cfg = dict(config_json)
         if "text_config" in cfg and isinstance(cfg["text_config"], dict):
-            # Gemma 3 4B+ nests its decoder under text_config; ids stay at the top level.
+            # Gemma 3 4B+ nests its decoder under text_config; the top level's token ids win.
             outer = cfg
             cfg = {**cfg["text_config"]}
             for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-                cfg.setdefault(key, outer.get(key))
+                if outer.get(key) is not None:
+                    cfg[key] = outer[key]
         arch = _supported(_HF_ALIASES.get(model_type, model_type), "config.json model_type")
 
         def need(key: str) -> Any:
