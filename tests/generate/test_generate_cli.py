@@ -118,3 +118,50 @@ def test_help_has_examples() -> None:
     assert (
         "ferry generate smollm/ --chat" in result.output and "--repetition-penalty" in result.output
     )
+
+
+@pytest.fixture
+def written(tmp_path: Path) -> Path:
+    """A whole artifact folder as ferry convert writes it, around the tiny decoder."""
+    import onnx_ir as ir
+
+    from ferry.generate._artifact import generation_config_for, write_decoder_artifact
+    from ferry.generate._template import ChatTemplate
+
+    config = {"context_length": 48, "eos_ids": [256]}
+    source = (
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    return write_decoder_artifact(
+        tmp_path / "tiny",
+        model=ir.from_proto(tiny_decoder(context=48)),
+        config=config,
+        tokenizer=byte_tokenizer(),
+        template=ChatTemplate(source, bos_token=None, eos_token="<|eos|>"),
+        generation_config=generation_config_for(config),
+    )
+
+
+def _until_eos(ids: list[int]) -> list[int]:
+    return ids[: ids.index(256) + 1] if 256 in ids else ids
+
+
+def test_a_written_artifact_through_load_and_the_command(written: Path) -> None:
+    decoder = ferry.load(written)
+    assert isinstance(decoder, DecoderSession) and decoder.context_length == 48
+    gen = decoder.generate(messages=[{"role": "user", "content": "hi"}], max_new_tokens=6)
+    prompt = list(b"<user>hi<assistant>")
+    assert gen.ids == _until_eos(expected(prompt, 6))
+    result = generate(str(written), "--chat", "--prompt", "hi", "--max-new-tokens", "6")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == gen.text + "\n"
+    assert f"{len(prompt)} prompt tokens, {len(gen.ids)} new tokens" in result.stderr
+
+
+def test_a_missing_tokenizer_is_one_error_line(written: Path) -> None:
+    (written / "tokenizer.json").unlink()
+    result = generate(str(written), "--prompt", PROMPT)
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "tokenizer.json" in lines[0]
