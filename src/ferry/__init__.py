@@ -153,7 +153,13 @@ def load(
     if is_generative_artifact(source):
         # A decoder runs token by token: the DecoderSession wraps the runtime's Session.
         decoder = DecoderSession.from_folder(
-            source, backends=backends, threads=threads, precision=precision, cache_dir=cache_dir
+            source,
+            backends=backends,
+            threads=threads,
+            precision=precision,
+            cache_dir=cache_dir,
+            options=options,
+            check_pays=check_pays,
         )
         return decoder  # type: ignore[return-value]  # documented: a DecoderSession here
     from ferry.runtime import load as load_session

@@ -90,14 +90,13 @@ def command(
         "repetition_penalty": repetition_penalty,
         "seed": seed,
         "stop": stops,
-        "stream": True,
     }
     if chat or system is not None:
         messages = [{"role": "system", "content": system}] if system is not None else []
         messages.append({"role": "user", "content": prompt})
-        events = session.generate(messages=messages, **options)
+        events = session.generate(messages=messages, stream=True, **options)
     else:
-        events = session.generate(prompt, **options)
+        events = session.generate(prompt, stream=True, **options)
     start = time.perf_counter()
     first: float | None = None
     for event in events:

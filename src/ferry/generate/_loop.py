@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard, overload
 
 import numpy as np
 
@@ -168,6 +168,42 @@ class DecoderSession:
         session = load(Path(folder) / "model.onnx", **load_options)
         return cls(session, files.tokenizer, files.template, files.generation_config)
 
+    @overload
+    def generate(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+        ids: Sequence[int] | None = None,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        repetition_penalty: float = 1.0,
+        seed: int | None = None,
+        stop: str | Sequence[str] = (),
+        stream: Literal[False] = False,
+        **unknown: Any,
+    ) -> Generation: ...
+
+    @overload
+    def generate(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+        ids: Sequence[int] | None = None,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        repetition_penalty: float = 1.0,
+        seed: int | None = None,
+        stop: str | Sequence[str] = (),
+        stream: Literal[True],
+        **unknown: Any,
+    ) -> Iterator[TokenEvent | Generation]: ...
+
     def generate(
         self,
         prompt: str | None = None,
@@ -183,7 +219,7 @@ class DecoderSession:
         stop: str | Sequence[str] = (),
         stream: bool = False,
         **unknown: Any,
-    ) -> Any:
+    ) -> Generation | Iterator[TokenEvent | Generation]:
         """Generate new tokens after a prompt.
 
         Give exactly one of ``prompt`` (text, tokenized with the tokenizer's special tokens),
