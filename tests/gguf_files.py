@@ -36,7 +36,7 @@ def random_k_blocks(type_name: str, rows: int, cols: int, seed: int = 0) -> np.n
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, size=(rows * cols // block, size), dtype=np.uint8)
     for offset in _K_SCALE_OFFSETS[type_name]:
-        scale = rng.uniform(1e-3, 2e-2, size=blocks.shape[0]).astype(np.float16)
+        scale = np.asarray(rng.uniform(1e-3, 2e-2, size=blocks.shape[0]), dtype=np.float16)
         blocks[:, offset : offset + 2] = scale.view(np.uint8).reshape(-1, 2)
     return blocks.reshape(rows, cols // block * size)
 

@@ -81,10 +81,10 @@ def test_blocks_reproduce_dequantize_exactly(
         assert blocks.bits == 4 and blocks.zero_points is None and blocks.mins is not None
         assert blocks.values.max() <= 15
     elif type_name == "Q4_0":
-        assert blocks.bits == 4 and blocks.mins is None and (blocks.zero_points == 8).all()
+        assert blocks.bits == 4 and blocks.mins is None and np.all(blocks.zero_points == 8)
         assert blocks.values.max() <= 15
     else:
-        assert blocks.bits == 8 and (blocks.zero_points == 128).all()
+        assert blocks.bits == 8 and np.all(blocks.zero_points == 128)
 
 
 def test_blocks_follow_ggml_nibble_order(

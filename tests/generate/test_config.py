@@ -339,7 +339,7 @@ def test_phi3_fused_tensors_split(tmp_path: Path) -> None:
         p = f"model.layers.{i}."
         hf |= {
             p + "input_layernorm.weight": np.ones(64, np.float32),
-            p + "post_attention_layernorm.weight": np.ones(64),
+            p + "post_attention_layernorm.weight": np.ones(64, np.float32),
         }
         hf |= {
             p + "self_attn.qkv_proj.weight": full,
