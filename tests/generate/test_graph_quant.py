@@ -71,6 +71,15 @@ def test_int4_from_blocks_equals_fp32_of_the_same_values(name: str, kind: str) -
     )
 
 
+def test_int8_activations_stay_close() -> None:
+    cfg = CONFIGS["llama_gqa"]
+    weights = as_blocks(make_weights(cfg), "Q4_1")
+    fast = build_decoder(cfg, weights, precision="int4", flavour="ort", accuracy_level=4)
+    got, want = logits_of(fast, cfg), logits_of(build_decoder(cfg, weights), cfg)
+    cosine = float((got * want).sum() / np.linalg.norm(got) / np.linalg.norm(want))
+    assert cosine >= 0.999, cosine
+
+
 def test_int8_from_q8_0_blocks_equals_fp32() -> None:
     cfg = CONFIGS["llama_gqa"]
     weights = as_blocks(make_weights(cfg), "Q8_0")

@@ -56,6 +56,7 @@ def build_decoder(
     *,
     precision: str = "fp32",
     flavour: str = "standard",
+    accuracy_level: int = 0,
 ) -> ir.Model:
     """Write the decoder graph.
 
@@ -65,6 +66,9 @@ def build_decoder(
         precision: "fp32"; "int4"/"int8": projections as onnxruntime's MatMulNBits, taking
             GGUF Q4_0/Q4_1/Q8_0 blocks as they are and quantizing the rest per block of 32.
         flavour: "standard" (plain ONNX ops) or "ort" (onnxruntime contrib operators).
+        accuracy_level: MatMulNBits' accuracy_level for quantized builds: 0 multiplies float
+            activations (exact against the dequantized weights); 4 quantizes activations to int8
+            per block as llama.cpp does, faster on CPU.
 
     Returns:
         The model; its metadata says "ferry.generative" = "decoder" and carries the config as
@@ -83,7 +87,7 @@ def build_decoder(
             f"num_heads {config.num_heads} is not a multiple of num_kv_heads {config.num_kv_heads}"
         )
     b = Builder()
-    quant = Quantizer(b, precision)
+    quant = Quantizer(b, precision, accuracy_level)
     kv_shape = ["batch", config.num_kv_heads, "past_sequence", config.head_dim]
     inputs = [
         ir.val("input_ids", ir.DataType.INT64, ir.Shape(["batch", "sequence"])),
