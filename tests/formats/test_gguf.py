@@ -150,6 +150,18 @@ def test_a_truncated_file_is_one_clear_error(
     assert "\n" not in str(info.value)
 
 
+def test_an_unknown_tensor_type_is_one_clear_error(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "m.gguf", "llama", {"weird": np.zeros((2, 32), np.float32)})
+    data = bytearray(path.read_bytes())
+    # tensor info: u64 name length, name, u32 n_dims, n_dims x u64 ne, u32 type, u64 offset
+    at = data.index(b"weird") + len(b"weird") + 4 + 2 * 8
+    assert data[at : at + 4] == bytes(4)  # F32
+    data[at : at + 4] = (250).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModelLoadError, match=r"m\.gguf: unknown GGUF tensor type 250;"):
+        read_gguf(path)
+
+
 def test_without_the_gguf_package(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "m.gguf", "llama", {"a": np.zeros(4, np.float32)})
     monkeypatch.setitem(sys.modules, "gguf", None)

@@ -9,6 +9,7 @@ without rounding the weights a second time.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -209,6 +210,12 @@ def read_gguf(path: str | Path) -> GGUFFile:
         UnicodeDecodeError,
         MemoryError,
     ) as e:
+        # The type enum's own ValueError: a tensor type this gguf package does not know.
+        unknown = re.search(r"(\d+)\)? is not a valid GGMLQuantizationType", str(e))
+        if unknown:
+            raise ModelLoadError(
+                f"{path}: unknown GGUF tensor type {unknown.group(1)}; a newer gguf package may read it"
+            ) from None
         size = path.stat().st_size
         raise ModelLoadError(
             f"{path}: truncated or corrupt GGUF file ({size} bytes): {e}"
