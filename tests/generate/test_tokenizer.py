@@ -138,33 +138,48 @@ def test_saved_tokenizer_loads_the_same(smollm: Smollm, tmp_path: Path) -> None:
 _PIECES = [
     "▁", "h", "e", "l", "o", "w", "r", "d", "a", "t", "he", "ll", "llo", "hello", "▁hello",
     "or", "ld", "wor", "world", "▁world", "▁t", "▁a", "at", "▁th", "th", "▁the", "▁that", "▁▁",
-    "!", ",",
+    "  ", "   ", "!", ",", "\n", "\n\n",
 ]  # fmt: skip
+# The special tokens first, as each family's files order them (transformers' Gemma tokenizer
+# adds a "<mask>" of its own when the vocabulary lacks one; Gemma's has it at 4).
+_HEADS = {
+    "llama": ["<unk>", "<s>", "</s>"],
+    "phi3": ["<unk>", "<s>", "</s>"],
+    "gemma2": ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"],
+}
 
 
-def _tiny_sentencepiece(folder: Path) -> Path:
-    """A llama-style GGUF with a SentencePiece vocabulary: unk/bos/eos, the 256 byte tokens
-    (type 6), scored pieces (the best first) and one control token, and a token table."""
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-    tokens += [*_PIECES, "<|user|>"]
-    types = [2, 3, 3] + [6] * 256 + [1] * len(_PIECES) + [3]
-    scores = [0.0] * 259 + [-float(i) for i in range(len(_PIECES))] + [0.0]
+def _tiny_sentencepiece(folder: Path, arch: str) -> Path:
+    """A GGUF of architecture ``arch`` with a SentencePiece vocabulary: its special tokens, the
+    256 byte tokens (type 6), scored pieces in shuffled score order and one control token (and
+    the few model keys transformers' GGUF loader wants)."""
+    head = _HEADS[arch]
+    tokens = [*head, *(f"<0x{b:02X}>" for b in range(256)), *_PIECES, "<|user|>"]
+    types = [3] * len(head) + [6] * 256 + [1] * len(_PIECES) + [3]
+    order = np.random.default_rng(0).permutation(len(_PIECES))
+    scores = [0.0] * (len(head) + 256) + [-float(i) for i in order] + [0.0]
+    ids = {t: i for i, t in enumerate(head)}
     path = folder / "tiny.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
     writer.add_token_types(types)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(ids.get("<s>", ids.get("<bos>")))
+    writer.add_eos_token_id(ids.get("</s>", ids.get("<eos>")))
+    writer.add_unk_token_id(ids["<unk>"])
     writer.add_add_bos_token(True)
-    writer.add_add_space_prefix(True)
+    if arch == "gemma2":
+        writer.add_add_space_prefix(False)
     writer.add_context_length(64)
     writer.add_embedding_length(8)
     writer.add_block_count(1)
     writer.add_feed_forward_length(16)
     writer.add_head_count(2)
+    writer.add_head_count_kv(1)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_key_length(4)
+    writer.add_value_length(4)
     writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -176,7 +191,7 @@ def _tiny_sentencepiece(folder: Path) -> Path:
 SP_SAMPLES = [
     "hello world",
     " hello  world",
-    "the that",
+    "the   that\n\nat",
     "héllo, world!",
     "<|user|>hello</s>",
     "  that\n",
@@ -184,19 +199,30 @@ SP_SAMPLES = [
 ]
 
 
-def test_sentencepiece_matches_transformers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("arch", sorted(_HEADS))
+def test_sentencepiece_matches_transformers(tmp_path: Path, arch: str) -> None:
+    """llama: Metaspace with the prefix space; phi3: the prefix space in the normalizer (text
+    starting with a space keeps both); gemma: spaces as "▁" in the normalizer, no prefix, runs
+    of spaces stored as spaces, merges in file order."""
     transformers = pytest.importorskip("transformers")
-    path = _tiny_sentencepiece(tmp_path)
+    path = _tiny_sentencepiece(tmp_path, arch)
     ours = build_tokenizer(gguf_metadata(path))
     reference = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
     for text in SP_SAMPLES:
         ids = ours.encode(text).ids
         assert ids == reference(text)["input_ids"], text
         assert ours.decode(ids) == reference.decode(ids, skip_special_tokens=True)
-    # BOS first (add_bos_token), the prefix space merged into the first word, bytes for é.
-    assert ours.encode("hello world").tokens == ["<s>", "▁hello", "▁world"]
-    assert "<0xC3>" in ours.encode("é").tokens
+    bos = _HEADS[arch][1 if arch != "gemma2" else 2]
+    assert ours.encode("hello").tokens[0] == bos  # add_bos_token
+    assert "<0xC3>" in ours.encode("é").tokens  # byte fallback
     assert ours.decode(ours.encode("héllo, world!").ids) == "héllo, world!"
+
+
+def test_sentencepiece_prefix_space(tmp_path: Path) -> None:
+    ours = build_tokenizer(gguf_metadata(_tiny_sentencepiece(tmp_path, "llama")))
+    assert ours.encode("hello world").tokens == ["<s>", "▁hello", "▁world"]
+    # The prefix goes before the text only, not after a special token inside it.
+    assert ours.encode("<|user|>hello").tokens == ["<s>", "<|user|>", "hello"]
 
 
 def test_unknown_tokenizer_model_is_refused() -> None:

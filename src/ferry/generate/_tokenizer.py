@@ -10,7 +10,8 @@ llama.cpp's key names. This module rebuilds from them the tokenizer that llama.c
   ``Sequence`` of ``Split`` pre-tokenizers does);
 - ``"llama"``: a SentencePiece vocabulary as BPE with byte fallback, its merges recovered from the
   tokens' scores (as transformers' GGUF converter does), spaces written as "▁" and a space put
-  before the text when ``tokenizer.ggml.add_space_prefix`` says so (the default).
+  before the text when ``tokenizer.ggml.add_space_prefix`` says so (the default); Gemma and
+  Phi-3 files get their families' own space handling, as transformers builds them.
 
 Tokens the file marks as control (type 3) become special added tokens and user-defined ones
 (type 4) plain added tokens, so that both are matched whole in the text.
@@ -31,6 +32,7 @@ SUPPORTED_TOKENIZERS = ("gpt2", "llama")
 
 # Token types as llama.cpp's gguf writer numbers them (gguf.TokenType).
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
+_GEMMA = frozenset({"gemma", "gemma2", "gemma3"})
 
 # llama.cpp's pre-tokenizer regexes (src/llama-vocab.cpp), by tokenizer.ggml.pre. Each list is
 # applied in order; an empty list means the GPT-2 regex that tokenizers' ByteLevel applies itself.
@@ -132,10 +134,10 @@ def _byte_level(metadata: Mapping[str, Any], tokens: list[str]) -> Any:
     spelling = _byte_alphabet()
     # A token written outside the byte alphabet (a llama.cpp converter's respelling) is looked up
     # by its bytes, as transformers' GGUF converter does.
-    vocab: dict[str, int] = {}
-    for index, token in enumerate(tokens):
-        spelled = token if set(token) <= alphabet else "".join(spelling[b] for b in token.encode())
-        vocab.setdefault(spelled, index)
+    vocab = {
+        token if set(token) <= alphabet else "".join(spelling[b] for b in token.encode()): index
+        for index, token in enumerate(tokens)
+    }
     merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges") or ()]
     tokenizer = Tokenizer(
         models.BPE(
@@ -161,16 +163,24 @@ def _byte_level(metadata: Mapping[str, Any], tokens: list[str]) -> Any:
 
 
 def _sentencepiece(metadata: Mapping[str, Any], tokens: list[str]) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
+    arch = str(metadata.get("general.architecture") or "")
+    gemma = arch in _GEMMA
     scores = metadata.get("tokenizer.ggml.scores")
-    vocab: dict[str, int] = {}
-    for index, token in enumerate(tokens):
-        vocab.setdefault(token, index)
+    if gemma:
+        # Gemma files store a token of two or more spaces as spaces; its text reaches the model
+        # with spaces written as "▁", so the token is looked up (and merged) that way.
+        tokens = ["▁" * len(t) if " " in t and not t.strip() else t for t in tokens]
+    # The last of duplicate tokens wins, as in llama.cpp's token_to_id and transformers.
+    vocab = {token: index for index, token in enumerate(tokens)}
     if metadata.get("tokenizer.ggml.merges"):
         merges = [tuple(m.split(" ", 1)) for m in metadata["tokenizer.ggml.merges"]]
+    elif gemma:
+        # Gemma's scores do not follow its merge order; the order of the tokens in the file does.
+        merges = _merges_from_scores(vocab, {t: -float(i) for i, t in enumerate(tokens)})
     elif scores is not None and len(scores) == len(tokens):
-        merges = _merges_from_scores(vocab, dict(zip(tokens, (float(s) for s in scores))))
+        merges = _merges_from_scores(vocab, dict(zip(tokens, (float(x) for x in scores))))
     else:
         raise InvalidInputError(
             "a SentencePiece (llama) vocabulary needs tokenizer.ggml.scores, one per token"
@@ -179,13 +189,27 @@ def _sentencepiece(metadata: Mapping[str, Any], tokens: list[str]) -> Any:
     tokenizer = Tokenizer(
         models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True)
     )
-    add_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
-    # "first": the space goes before the text, not before each piece between special tokens,
-    # as transformers' non-legacy Llama tokenizer and llama.cpp do.
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
-        replacement="▁", prepend_scheme="first" if add_prefix else "never", split=False
-    )
+    add_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", not gemma))
     steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if gemma:
+        # transformers' GemmaTokenizer: spaces become "▁" in the normalizer, no prefix space.
+        tokenizer.normalizer = normalizers.Replace(" ", "▁")
+        tokenizer.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+        add_prefix = False
+    elif arch == "phi3":
+        # Phi-3's own tokenizer.json puts the prefix space in the normalizer: text starting with
+        # a space keeps both ("  hi" -> "▁▁▁hi", not Metaspace's "▁▁hi").
+        tokenizer.normalizer = normalizers.Sequence(
+            [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
+            if add_prefix
+            else [normalizers.Replace(" ", "▁")]
+        )
+    else:
+        # "first": the space goes before the text, not before each piece between special
+        # tokens, as transformers' non-legacy Llama tokenizer and llama.cpp do.
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
+            replacement="▁", prepend_scheme="first" if add_prefix else "never", split=False
+        )
     if add_prefix:
         steps.append(decoders.Strip(content=" ", left=1))
     tokenizer.decoder = decoders.Sequence(steps)
