@@ -17,8 +17,11 @@ gguf = pytest.importorskip("gguf")
 
 from gguf_files import kit_gguf, random_k_blocks, write_gguf  # noqa: E402
 
-# What gguf.quants.quantize can write from Python.
-QUANTIZABLE = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
+# What gguf.quants.quantize can write from Python (the ternary and MXFP4 types only with newer gguf).
+FAITHFUL = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
+QUANTIZABLE = FAITHFUL + [
+    t for t in ("TQ1_0", "TQ2_0", "MXFP4") if t in gguf.GGMLQuantizationType.__members__
+]
 K_QUANTS = ["Q4_K", "Q5_K", "Q6_K"]
 ROWS, COLS = 6, 512
 
@@ -63,7 +66,7 @@ def test_dequantize_matches_the_gguf_package(
     assert ours.dtype == np.float32
     np.testing.assert_array_equal(ours, expected)
     assert np.isfinite(ours).all()
-    if source.dtype != np.uint8:  # and the quantization is faithful, so the layout is right
+    if type_name in FAITHFUL:  # and the quantization is faithful, so the layout is right
         assert np.abs(ours - source).max() < 0.3 * np.abs(source).max()
 
 
