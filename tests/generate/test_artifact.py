@@ -14,6 +14,7 @@ from test_tokenizer import KIT_GGUF, gguf_metadata
 from ferry.errors import ModelLoadError
 from ferry.generate._artifact import (
     DecoderFiles,
+    decoder_files_from_gguf,
     generation_config_for,
     load_decoder_files,
     read_generative_manifest,
@@ -262,6 +263,12 @@ def test_foreign_folder_needs_only_the_tokenizer(tmp_path: Path) -> None:
     template = load_decoder_files(tmp_path).template
     assert template is not None
     assert template.render([{"role": "user", "content": "y"}]) == "<|im_start|>x"
+    # A template in chat_template.jinja (newer Hugging Face folders) when the config has none.
+    (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "<|im_end|>"}')
+    (tmp_path / "chat_template.jinja").write_text("{{ messages[0].content }}{{ eos_token }}")
+    template = load_decoder_files(tmp_path).template
+    assert template is not None
+    assert template.render([{"role": "user", "content": "y"}]) == "y<|im_end|>"
 
 
 def test_kit_tokenizer_and_template_survive_the_folder(tmp_path: Path) -> None:
@@ -277,6 +284,16 @@ def test_kit_tokenizer_and_template_survive_the_folder(tmp_path: Path) -> None:
     config = tiny_config(vocab=len(metadata["tokenizer.ggml.tokens"]))
     generation = generation_config_for(config)
     assert tokenizer_config_for(tokenizer, template, generation)["add_bos_token"] is False
+    bundled = decoder_files_from_gguf(metadata, config)
+    assert bundled.template is not None
+    assert bundled.template.special_tokens == {
+        "bos_token": "<|im_start|>",
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|im_end|>",
+        "unk_token": "<|endoftext|>",
+    }  # what transformers' GGUF tokenizer gives its template
+    assert bundled.generation_config == generation
+    assert bundled.tokenizer.to_str() == tokenizer.to_str()
     out = write_decoder_artifact(
         tmp_path / "smollm",
         model=tiny_model(config),

@@ -8,7 +8,7 @@
     ferry.json                      {"generative": {the DecoderConfig, source, precision, report}}
 
 The file names and fields are Hugging Face's, so an optimum-exported decoder folder reads the
-same way. The folder is staged beside its destination and published with renames
+same way (its template may instead be in ``chat_template.jinja``). The folder is staged beside its destination and published with renames
 (``ferry._folders``): a failed conversion leaves nothing half written where the user looks.
 """
 
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from ferry._folders import publish_dir, staging_dir
 from ferry.errors import ModelLoadError
 from ferry.generate._template import ChatTemplate
+from ferry.generate._tokenizer import build_tokenizer, special_token
 from ferry.graph import atomic_path, save_model
 
 if TYPE_CHECKING:
@@ -32,12 +33,14 @@ if TYPE_CHECKING:
     from ferry.generate._config import DecoderConfig
 
 __all__ = [
+    "CHAT_TEMPLATE_FILE",
     "GENERATION_CONFIG",
     "MANIFEST",
     "MODEL_FILE",
     "TOKENIZER_CONFIG",
     "TOKENIZER_FILE",
     "DecoderFiles",
+    "decoder_files_from_gguf",
     "generation_config_for",
     "load_decoder_files",
     "read_generative_manifest",
@@ -50,6 +53,7 @@ TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 GENERATION_CONFIG = "generation_config.json"
 MANIFEST = "ferry.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
 
 class DecoderFiles(NamedTuple):
@@ -61,6 +65,31 @@ class DecoderFiles(NamedTuple):
     """The chat template, or None when the folder has none."""
     generation_config: dict[str, Any]
     """``generation_config.json``'s content ({} when a foreign folder has none)."""
+
+
+def decoder_files_from_gguf(
+    metadata: Mapping[str, Any], config: DecoderConfig | Mapping[str, Any]
+) -> DecoderFiles:
+    """The tokenizer, chat template and generation config a GGUF file's metadata describes.
+
+    Args:
+        metadata: ``read_gguf(path).metadata``.
+        config: the decoder's config (its special ids and context).
+
+    Raises:
+        InvalidInputError: the vocabulary cannot be built or the template does not parse.
+    """
+    source = metadata.get("tokenizer.chat_template")
+    template = None
+    if isinstance(source, str) and source:
+        template = ChatTemplate(
+            source,
+            bos_token=special_token(metadata, "bos"),
+            eos_token=special_token(metadata, "eos"),
+            pad_token=special_token(metadata, "padding"),
+            unk_token=special_token(metadata, "unknown"),
+        )
+    return DecoderFiles(build_tokenizer(metadata), template, generation_config_for(config))
 
 
 def generation_config_for(config: DecoderConfig | Mapping[str, Any]) -> dict[str, Any]:
@@ -197,6 +226,13 @@ def load_decoder_files(folder: str | os.PathLike[str]) -> DecoderFiles:
     tokenizer = _read_tokenizer(base / TOKENIZER_FILE)
     tokenizer_config = _read_json(base / TOKENIZER_CONFIG, required=ours) or {}
     generation_config = _read_json(base / GENERATION_CONFIG, required=ours) or {}
+    if "chat_template" not in tokenizer_config and (base / CHAT_TEMPLATE_FILE).is_file():
+        # Newer Hugging Face folders keep the template in a file of its own.
+        try:
+            jinja = (base / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ModelLoadError(f"cannot read {base / CHAT_TEMPLATE_FILE}: {e}") from e
+        tokenizer_config = {**tokenizer_config, "chat_template": jinja}
     template = _template(base / TOKENIZER_CONFIG, tokenizer_config)
     return DecoderFiles(tokenizer, template, generation_config)
 
