@@ -125,6 +125,19 @@ CONFIGS = {
         tie_word_embeddings=True,
         head_dim=32,
     ),
+    "gemma3": make_config(
+        architecture="gemma3",
+        norm_plus_one=True,
+        qk_norm=True,
+        activation="gelu_tanh",
+        embedding_scale=8.0,
+        sliding_window=4,
+        sliding_pattern=(True, False),
+        rope_theta=1e6,
+        rope_local_theta=10000.0,
+        rope_scaling={"rope_type": "linear", "factor": 8.0},
+        tie_word_embeddings=True,
+    ),
 }
 
 # -- the numpy reference --------------------------------------------------------------------
@@ -135,11 +148,19 @@ def _rms(x: np.ndarray, w: np.ndarray, cfg: DecoderConfig) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + cfg.rms_norm_eps) * w
 
 
-def _rope(x: np.ndarray, pos: np.ndarray, cfg: DecoderConfig) -> np.ndarray:
-    """x [h, S, d] rotated at positions pos [S]."""
+def _inv_freq(cfg: DecoderConfig, local: bool) -> np.ndarray:
+    """theta^(-2i/d); the scaled forms come from the graph's own helper (checked elsewhere)."""
+    if local:
+        theta = cfg.rope_local_theta or cfg.rope_theta
+        return 1.0 / theta ** (np.arange(0, cfg.head_dim, 2) / cfg.head_dim)
     from ferry.generate._graph_attention import inv_freq
 
-    ang = pos[:, None].astype(np.float64) * inv_freq(cfg).astype(np.float64)[None, :]  # [S, d/2]
+    return inv_freq(cfg).astype(np.float64)
+
+
+def _rope(x: np.ndarray, pos: np.ndarray, cfg: DecoderConfig, local: bool = False) -> np.ndarray:
+    """x [h, S, d] rotated at positions pos [S]."""
+    ang = pos[:, None].astype(np.float64) * _inv_freq(cfg, local)[None, :]  # [S, d/2]
     cos, sin = np.cos(ang), np.sin(ang)
     out = np.empty_like(x)
     if cfg.rope_interleaved:
@@ -171,7 +192,9 @@ def reference(cfg: DecoderConfig, w: FakeWeights, ids: np.ndarray) -> np.ndarray
         v = v.reshape(s, kv, d).transpose(1, 0, 2)
         if cfg.qk_norm:
             q, k = _rms(q, f[p + "q_norm"], cfg), _rms(k, f[p + "k_norm"], cfg)
-        q, k = _rope(q.transpose(1, 0, 2), pos, cfg), _rope(k.transpose(1, 0, 2), pos, cfg)
+        local = bool(cfg.sliding_pattern and cfg.sliding_pattern[i] and cfg.rope_local_theta)
+        q = _rope(q.transpose(1, 0, 2), pos, cfg, local)
+        k = _rope(k.transpose(1, 0, 2), pos, cfg, local)
         k, v = np.repeat(k, nh // kv, axis=0), np.repeat(v, nh // kv, axis=0)
         scores = q @ k.transpose(0, 2, 1) * cfg.query_scale
         if cfg.attn_softcap:
@@ -332,3 +355,23 @@ def test_runs_on_openvino(name: str, tmp_path: Any) -> None:
             )
     got = compiled(feeds)[compiled.output("logits")][0]
     np.testing.assert_allclose(got, reference(cfg, weights, IDS), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["linear", "llama3"])
+def test_rope_scaling_matches_transformers(kind: str) -> None:
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from ferry.generate._graph_attention import inv_freq
+
+    params = {"rope_type": kind, "factor": 8.0}
+    if kind == "llama3":
+        params.update(
+            low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=16
+        )
+    hf = transformers.LlamaConfig(
+        hidden_size=64, num_attention_heads=4, rope_parameters={"rope_theta": 10000.0, **params}
+    )
+    want, _ = ROPE_INIT_FUNCTIONS[kind](hf, "cpu")
+    got = inv_freq(make_config(rope_scaling=params))
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-6)

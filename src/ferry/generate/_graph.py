@@ -104,6 +104,10 @@ def build_decoder(
 
     masks = build_masks(b, input_ids, attention_mask, config)
     rope = build_rope(b, position_ids, config)
+    # gemma3's sliding layers rotate with their own base
+    local_rope = (
+        build_rope(b, position_ids, config, local=True) if config.rope_local_theta else rope
+    )
     embed = weights["embed"].float()
     embed_value = b.init("embed", embed)
     hidden = b.op("Gather", [embed_value, input_ids])
@@ -113,7 +117,17 @@ def build_decoder(
     presents: list[ir.Value] = []
     for i in range(config.num_layers):
         hidden, key, value = _layer(
-            b, quant, weights, config, i, hidden, pasts[2 * i], pasts[2 * i + 1], masks, rope
+            b,
+            quant,
+            weights,
+            config,
+            i,
+            hidden,
+            pasts[2 * i],
+            pasts[2 * i + 1],
+            masks,
+            rope,
+            local_rope,
         )
         presents += [key, value]
 
@@ -174,6 +188,7 @@ def _layer(
     past_value: ir.Value,
     masks: Masks,
     rope: Rope,
+    local_rope: Rope,
 ) -> tuple[ir.Value, ir.Value, ir.Value]:
     """One pre-norm block (gemma adds post-norms); returns the residual and present k/v."""
     p = f"layers.{i}."
@@ -181,11 +196,12 @@ def _layer(
     q = _heads(b, quant, weights, config, p + "q", x, config.num_heads)
     k = _heads(b, quant, weights, config, p + "k", x, config.num_kv_heads)
     v = _heads(b, quant, weights, config, p + "v", x, config.num_kv_heads)
-    q = apply_rope(b, q, rope)
-    k = apply_rope(b, k, rope)
+    sliding = bool(config.sliding_pattern[i]) if i < len(config.sliding_pattern) else False
+    layer_rope = local_rope if sliding else rope
+    q = apply_rope(b, q, layer_rope)
+    k = apply_rope(b, k, layer_rope)
     key = b.op("Concat", [past_key, k], {"axis": 2})
     value = b.op("Concat", [past_value, v], {"axis": 2})
-    sliding = bool(config.sliding_pattern[i]) if i < len(config.sliding_pattern) else False
     mask = masks.sliding if sliding and masks.sliding is not None else masks.full
     context = attend(b, q, key, value, mask, config)
     out = quant.linear(context, weights[p + "o"], p + "o")

@@ -64,11 +64,15 @@ def build_masks(
     return Masks(full, sliding)
 
 
-def inv_freq(config: DecoderConfig) -> np.ndarray:
-    """theta^(-2i/d), with the checkpoint's rope scaling ("linear", "llama3") applied."""
+def inv_freq(config: DecoderConfig, *, local: bool = False) -> np.ndarray:
+    """theta^(-2i/d), with the checkpoint's rope scaling ("linear", "llama3") applied.
+
+    local: the sliding-window layers' table (gemma3: its own base, never scaled).
+    """
     d = config.head_dim
-    freq = 1.0 / (config.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
-    scaling = config.rope_scaling or {}
+    theta = config.rope_local_theta if local and config.rope_local_theta else config.rope_theta
+    freq = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    scaling = {} if local else config.rope_scaling or {}
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind in ("default", None):
         pass
@@ -92,19 +96,24 @@ def inv_freq(config: DecoderConfig) -> np.ndarray:
     return freq.astype(np.float32)
 
 
-def build_rope(b: Builder, position_ids: ir.Value, config: DecoderConfig) -> Rope:
-    """cos/sin of position * inv_freq, once for every layer."""
+def build_rope(
+    b: Builder, position_ids: ir.Value, config: DecoderConfig, *, local: bool = False
+) -> Rope:
+    """cos/sin of position * inv_freq, once for every layer (local: the sliding layers')."""
     pos = b.op("Cast", [position_ids], {"to": ir.DataType.FLOAT})
     pos = b.op("Unsqueeze", [pos, b.ints([1, 3])])  # [B, 1, S, 1]
-    angles = b.op("Mul", [pos, b.init("rope_inv_freq", inv_freq(config))])  # [B, 1, S, d/2]
+    table = b.init(
+        "rope_inv_freq_local" if local else "rope_inv_freq", inv_freq(config, local=local)
+    )
+    angles = b.op("Mul", [pos, table])  # [B, 1, S, d/2]
     cos = b.op("Cos", [angles])
     sin = b.op("Sin", [angles])
     if config.rope_interleaved:
-        cos = b.op("Unsqueeze", [cos, b.ints([-1])], name="rope_cos")  # [B, 1, S, d/2, 1]
-        sin = b.op("Unsqueeze", [sin, b.ints([-1])], name="rope_sin")
+        cos = b.op("Unsqueeze", [cos, b.ints([-1])])  # [B, 1, S, d/2, 1]
+        sin = b.op("Unsqueeze", [sin, b.ints([-1])])
     else:
-        cos = b.op("Concat", [cos, cos], {"axis": -1}, name="rope_cos")
-        sin = b.op("Concat", [sin, sin], {"axis": -1}, name="rope_sin")
+        cos = b.op("Concat", [cos, cos], {"axis": -1})
+        sin = b.op("Concat", [sin, sin], {"axis": -1})
     return Rope(cos, sin, config.rope_interleaved, config.head_dim)
 
 
