@@ -11,6 +11,7 @@ Importing ``ferry`` is cheap: engines and heavy modules load on first use.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ferry._lazy import lazy_getattr
@@ -27,7 +28,6 @@ from ferry.errors import (
 )
 
 if TYPE_CHECKING:
-    import os
     from collections.abc import Mapping, Sequence
     from typing import Literal
 
@@ -151,7 +151,21 @@ def load(
     from ferry.generate._loop import DecoderSession, is_generative_artifact
 
     if is_generative_artifact(source):
-        # A decoder runs token by token: the DecoderSession wraps the runtime's Session.
+        # A decoder runs token by token: the DecoderSession wraps the runtime's Session. What
+        # only a one-forward model can use is refused, never silently dropped.
+        given = {
+            "optimize": optimize is not False,
+            "plan": plan is not None,
+            "shapes": shapes is not None,
+            "example_inputs": example_inputs is not None,
+            "accuracy": accuracy is not None,
+        }
+        if any(given.values()):
+            names = ", ".join(name for name, on in given.items() if on)
+            raise InvalidInputError(
+                f"{os.fspath(source)} is a generative decoder: {names} apply to models run one "
+                "forward at a time; leave them out (a decoder's sizes come from the prompt)"
+            )
         decoder = DecoderSession.from_folder(
             source,
             backends=backends,

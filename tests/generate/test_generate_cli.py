@@ -165,3 +165,11 @@ def test_a_missing_tokenizer_is_one_error_line(written: Path) -> None:
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "tokenizer.json" in lines[0]
+
+
+def test_load_refuses_options_a_decoder_cannot_use(written: Path) -> None:
+    """ferry.load on a generative folder never drops a one-forward option silently."""
+    keywords: list[dict[str, Any]] = [{"optimize": True}, {"shapes": {"input_ids": [1, 4]}}]
+    for keyword in keywords:
+        with pytest.raises(ferry.InvalidInputError, match="generative decoder"):
+            ferry.load(written, **keyword)
