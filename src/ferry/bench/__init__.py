@@ -5,7 +5,9 @@ schema is in ``_runner.py``; what a run is asked to measure, in ``_spec.py``); :
 runs the same on a device where ``ferry agent`` (:func:`create_agent_app`, served by
 :class:`ferry.serving.ServerThread`) listens; :func:`table`, :func:`to_csv`, :func:`write_json`,
 :func:`save_to_artifact` and :func:`plot_latency` turn results into tables, CSV, an artifact's
-report and a PNG; :func:`interleave` and :func:`measure` time calls; :func:`device_info` says
+report and a PNG; :func:`run_generate_bench` measures a generative artifact's time to first
+token, prefill and decode tokens/s (``ferry bench --generate``, schema in ``_generate.py``) and
+:func:`generate_table` shows it; :func:`interleave` and :func:`measure` time calls; :func:`device_info` says
 where.
 
 Names are imported on first use, so ``python -m ferry.bench._worker`` (the child processes that
@@ -29,6 +31,14 @@ if TYPE_CHECKING:
         cpu_model,
         device_info,
         memory_mb,
+    )
+    from ferry.bench._generate import (
+        GENERATE_SCHEMA,
+        GenerateSpec,
+        check_generate_results,
+        generate_lines,
+        generate_table,
+        run_generate_bench,
     )
     from ferry.bench._latency import (
         DEFAULT_BLOCK,
@@ -69,18 +79,21 @@ __all__ = [
     "DEFAULT_BLOCK",
     "DEFAULT_MAX_UPLOAD_BYTES",
     "DEFAULT_PORT",
+    "GENERATE_SCHEMA",
     "INPUTS_FOLDER",
     "REPORT_FILE",
     "SCHEMA",
     "AgentClient",
     "BenchSpec",
     "Contender",
+    "GenerateSpec",
     "LatencyStats",
     "Progress",
     "Target",
     "accuracy_cell",
     "batch_feeds",
     "budget_summary",
+    "check_generate_results",
     "check_results",
     "cpu_model",
     "create_agent_app",
@@ -88,6 +101,8 @@ __all__ = [
     "device_summary",
     "errors",
     "file_sha256",
+    "generate_lines",
+    "generate_table",
     "interleave",
     "measure",
     "memory_mb",
@@ -97,6 +112,7 @@ __all__ = [
     "plot_latency",
     "resolve_targets",
     "run_bench",
+    "run_generate_bench",
     "run_remote",
     "save_to_artifact",
     "summarize_ms",
@@ -108,7 +124,17 @@ __all__ = [
 
 #: The modules behind the names, each after those it imports: a name is looked up in them in
 #: this order, and only the modules up to the one holding it are imported.
-_MODULES = ("_device", "_latency", "_spec", "_runner", "_report", "_plot", "_agent", "_remote")
+_MODULES = (
+    "_device",
+    "_latency",
+    "_spec",
+    "_runner",
+    "_report",
+    "_generate",
+    "_plot",
+    "_agent",
+    "_remote",
+)
 
 
 __getattr__ = lazy_getattr(__name__, __all__, _MODULES)

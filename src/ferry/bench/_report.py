@@ -430,8 +430,9 @@ def _locked(folder: Path) -> Iterator[None]:
 def save_to_artifact(results: dict[str, Any], artifact: str | os.PathLike[str]) -> Path:
     """Store ``results`` in ``artifact/ferry.json`` under ``benchmarks``; return that file.
 
-    ``benchmarks`` is a list of results documents, one per device (hostname, CPU, cores): a new
-    run replaces the previous one from the same device and keeps the others'. The rest of
+    ``benchmarks`` is a list of results documents, one per device (hostname, CPU, cores) and
+    schema (``ferry bench`` and ``ferry bench --generate`` each keep theirs): a new run replaces
+    the previous one from the same device and of the same schema and keeps the others'. The rest of
     ``ferry.json`` is kept as it was; the file is created when missing and replaced atomically,
     under a lock on the folder so that two runs saving at once both land.
 
@@ -447,7 +448,12 @@ def save_to_artifact(results: dict[str, Any], artifact: str | os.PathLike[str]) 
             f"{folder} is {'a folder without it' if folder.is_dir() else 'not a folder'}: put the "
             f"model in a folder as {_ARTIFACT_MODEL} and bench the folder"
         )
-    check_results(results)
+    from ferry.bench._generate import GENERATE_SCHEMA, check_generate_results
+
+    if isinstance(results, dict) and results.get("schema") == GENERATE_SCHEMA:
+        check_generate_results(results)
+    else:
+        check_results(results)
     from ferry.bench._runner import file_sha256
 
     digest = file_sha256(model)
@@ -469,9 +475,13 @@ def save_to_artifact(results: dict[str, Any], artifact: str | os.PathLike[str]) 
         runs = data.get("benchmarks", [])
         if not isinstance(runs, list):
             raise FerryError(f"{report}: 'benchmarks' is not a list; fix or remove it")
-        key = _device_key(results["device"])
+        # One run per device and kind of run (``--generate``'s schema is its own).
+        key = [*_device_key(results["device"]), results["schema"]]
         runs = [
-            r for r in runs if not isinstance(r, dict) or _device_key(r.get("device", {})) != key
+            r
+            for r in runs
+            if not isinstance(r, dict)
+            or [*_device_key(r.get("device", {})), r.get("schema")] != key
         ]
         runs.append(results)
         data["benchmarks"] = runs

@@ -7,6 +7,9 @@ peak RSS is this configuration's alone. It writes::
     {"cold_start_s", "first_run_ms", "warm_start_s", "rss_before_load_mb",
      "peak_rss_mb": {"<batch>": MiB, ...}, "engine_origins", "error"}
 
+``generate JOB.json OUT.json``: one engine's timed generations of a generative artifact
+(``ferry bench --generate``, :func:`ferry.bench._generate.measure_job`).
+
 ``job DIR [--memory-bytes N]``: a whole benchmark for the agent (``DIR/spec.json``,
 ``DIR/model/``, and ``DIR/inputs/names.json`` mapping ``.npy`` files there to input names),
 writing ``DIR/result.json`` or ``DIR/error.json`` (``{"error"}``, a message for the client), each
@@ -199,6 +202,13 @@ def main(argv: list[str]) -> int:
             result = {"error": message}
         Path(argv[2]).write_text(json.dumps(result), encoding="utf-8")
         return 0
+    if mode == "generate" and len(argv) == 3:
+        # ``ferry bench --generate``: one engine's generations (ferry.bench._generate).
+        from ferry.bench._generate import measure_safely
+
+        job = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
+        _write_json(Path(argv[2]), measure_safely(job))
+        return 0
     if mode == "job" and len(argv) == 2:
         _run_job(Path(argv[1]))
         return 0
@@ -206,7 +216,8 @@ def main(argv: list[str]) -> int:
         _run_job(Path(argv[1]), int(argv[3]))
         return 0
     print(
-        "usage: python -m ferry.bench._worker measure JOB OUT | job DIR [--memory-bytes N]",
+        "usage: python -m ferry.bench._worker measure JOB OUT | generate JOB OUT | "
+        "job DIR [--memory-bytes N]",
         file=sys.stderr,
     )
     return 2

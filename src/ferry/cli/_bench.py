@@ -112,6 +112,27 @@ from ferry.errors import InvalidInputError
     help="Store the results in the artifact's ferry.json (MODEL must be an artifact folder).",
 )
 @click.option(
+    "--generate",
+    is_flag=True,
+    help="MODEL is a generative artifact: measure time to first token, prefill and decode "
+    "tokens/s and peak RSS of greedy generation on each engine x precision (-n: timed "
+    "generations, default 3; --warmup: untimed ones, default 1).",
+)
+@click.option(
+    "--prompt-tokens",
+    type=click.IntRange(min=1),
+    default=128,
+    show_default=True,
+    help="With --generate: the prompt's length in tokens.",
+)
+@click.option(
+    "--new-tokens",
+    type=click.IntRange(min=2),
+    default=128,
+    show_default=True,
+    help="With --generate: new tokens per generation (eos ignored).",
+)
+@click.option(
     "--device",
     "device_url",
     default=None,
@@ -143,6 +164,9 @@ def command(
     csv_out: str | None,
     plot_out: str | None,
     save_report: bool,
+    generate: bool,
+    prompt_tokens: int,
+    new_tokens: int,
     device_url: str | None,
     token: str | None,
 ) -> None:
@@ -163,9 +187,41 @@ def command(
       ferry bench artifact/ --backends openvino --precision bf16 --save-report
       ferry bench model.onnx --backends openvino --accuracy cosine=0.9999,top1=1
       ferry bench model.onnx --device http://192.168.1.20:8765 --token "$TOKEN"
+      ferry bench smollm/ --generate --prompt-tokens 128 --new-tokens 128 --threads 2
     """
     from ferry.bench import BenchSpec
     from ferry.parity import parse_budget
+
+    if generate:
+        given = {
+            "--accuracy": accuracy,
+            "--batch": batches,
+            "--duration": duration,
+            "--input": input_files,
+            "--shape": shapes,
+            "--force-cpu": force_cpu,
+            "--csv": csv_out,
+            "--plot": plot_out,
+            "--device": device_url,
+        }
+        refused = [name for name, value in given.items() if value]
+        if refused:
+            raise InvalidInputError(f"--generate does not take {', '.join(refused)}")
+        source = click.get_current_context().get_parameter_source("warmup")
+        _bench_generate(
+            model,
+            backends=_names(backends, "--backends"),
+            precisions=_names(precisions, "--precision") if precisions else None,
+            threads=threads,
+            prompt_tokens=prompt_tokens,
+            new_tokens=new_tokens,
+            repeats=iterations or 3,
+            warmup=1 if source == click.core.ParameterSource.DEFAULT else warmup,
+            isolate=not no_isolate,
+            json_out=json_out,
+            save_report=save_report,
+        )
+        return
 
     if iterations is None and duration is None:
         iterations = 100
@@ -228,6 +284,28 @@ def command(
             console.print(f"results saved in {escape(str(saved))} (under 'benchmarks')")
 
 
+def _bench_generate(model: Path, *, json_out: str | None, save_report: bool, **spec: Any) -> None:
+    """``--generate``: measure, write the JSON, save the report, print the table."""
+    import json
+
+    from ferry import bench
+
+    results = bench.run_generate_bench(model, bench.GenerateSpec(**spec))
+    if json_out == "-":
+        click.echo(json.dumps(results, indent=2))
+    elif json_out is not None:
+        bench.write_json(results, json_out)
+    saved = bench.save_to_artifact(results, model) if save_report else None
+    if json_out == "-":
+        return
+    _print_full(bench.generate_table(results))
+    for line in bench.generate_lines(results):
+        console.print(escape(line))
+    console.print(f"device: {escape(bench.device_summary(results['device']))}")
+    if saved is not None:
+        console.print(f"results saved in {escape(str(saved))} (under 'benchmarks')")
+
+
 def _names(text: str, option: str) -> tuple[str, ...]:
     items = [t.strip() for t in text.split(",")]
     if not all(items):
@@ -280,6 +358,21 @@ def _write_outputs(
         plot_latency(results, plot_out)
 
 
+def _print_full(table: Any, need: int | None = None) -> None:
+    """Print ``table`` whole: a pipe or a log gets it at the width it needs."""
+    from rich.measure import Measurement
+
+    if need is None:
+        need = Measurement.get(console, console.options.update_width(1000), table).maximum
+    if need > console.width:
+        # console.print cannot widen past the console's own width; a pipe gets its own console.
+        from rich.console import Console
+
+        Console(width=need, highlight=False, soft_wrap=True).print(table)
+    else:
+        console.print(table)
+
+
 def _print(results: dict[str, Any]) -> None:
     from rich.measure import Measurement
 
@@ -291,13 +384,8 @@ def _print(results: dict[str, Any]) -> None:
     compact = console.is_terminal and need > console.width
     if compact:
         console.print(bench.table(results, compact=True))
-    elif need > console.width:
-        # console.print cannot widen past the console's own width; a pipe gets its own console.
-        from rich.console import Console
-
-        Console(width=need, highlight=False, soft_wrap=True).print(full)
     else:
-        console.print(full)
+        _print_full(full, need)
     for line in bench.partition_lines(results):
         console.print(f"  partitions of {escape(line)}")
     for line in bench.notes(results):
