@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     "-o",
     "--output",
     required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="ONNX file to write.",
+    type=click.Path(path_type=Path),
+    help="ONNX file to write (a folder for a GGUF file or a Hugging Face decoder).",
 )
 @click.option(
     "--from",
@@ -77,6 +77,13 @@ if TYPE_CHECKING:
     type=click.Path(dir_okay=False),
     help="Write the parity report as JSON ('-': stdout).",
 )
+@click.option(
+    "--precision",
+    type=click.Choice(["int4", "int8", "fp32"]),
+    default=None,
+    help="Decoders (GGUF, Hugging Face *ForCausalLM folder) only: weight precision. Default: "
+    "as the source stores them (a Q4_1 GGUF stays int4, blocks as stored; float checkpoints fp32).",
+)
 def command(
     source: Path,
     output: Path,
@@ -89,6 +96,7 @@ def command(
     tolerance: str | None,
     external_data: bool | None,
     report: str | None,
+    precision: str | None,
 ) -> None:
     """Convert SOURCE to an ONNX file OUTPUT and check it computes what SOURCE does.
 
@@ -105,9 +113,42 @@ def command(
       ferry convert saved_model/ -o model.onnx --shape input=batch,224,224,3
       ferry convert model.tflite -o model.onnx
       ferry convert pipeline.joblib -o pipeline.onnx --trust-pickle
+      ferry convert SmolLM2-135M-Instruct.Q4_1.gguf -o smollm/
+      ferry convert hf_checkpoint/ -o decoder/ --precision int4
+
+    A GGUF file or a Hugging Face folder whose config.json names a *ForCausalLM becomes a
+    generative artifact folder OUTPUT (model.onnx, tokenizer, chat template) for ferry generate.
     """
     import ferry
+    from ferry.generate._convert import decoder_source_kind
     from ferry.runtime import load_npy, parse_dims
+
+    if decoder_source_kind(source) is not None:
+        given = [
+            flag
+            for flag, value in (
+                ("--from", from_),
+                ("--opset", opset),
+                ("--shape", shapes),
+                ("--example-input", examples),
+                ("--tolerance", tolerance),
+                ("--external-data", external_data),
+                ("--report", report),
+            )
+            if value
+        ]
+        if given:
+            raise InvalidInputError(
+                f"{', '.join(given)} do not apply to a decoder ({source}); it takes --precision"
+            )
+        from ferry.cli._convert_decoder import convert_decoder_command
+
+        convert_decoder_command(source, output, precision=precision, verify=verify)
+        return
+    if precision is not None:
+        raise InvalidInputError(
+            "--precision applies to decoders (a GGUF file or *ForCausalLM folder)"
+        )
 
     if output.exists() and source.exists() and output.resolve() == source.resolve():
         raise InvalidInputError(

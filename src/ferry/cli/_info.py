@@ -43,10 +43,16 @@ def command(model: Path, as_json: bool, top: int, shapes: tuple[str, ...]) -> No
     Examples:
       ferry info model.onnx
       ferry info detector.onnx --shape images=1,3,640,640 --json
+      ferry info smollm/            (a generative folder: architecture, quantization, template)
+      ferry info model.gguf
     """
+    from ferry.cli._convert_decoder import info_decoder_command, is_decoder_file
     from ferry.graph import load_model, resolve_model_file, summarize
     from ferry.runtime import parse_shape
 
+    if is_decoder_file(model):  # a GGUF file or a generative artifact folder
+        info_decoder_command(model, as_json=as_json)
+        return
     path = resolve_model_file(model)
     at = {k: parse_shape(v) for k, v in split_pairs(shapes, "--shape").items()}
     try:

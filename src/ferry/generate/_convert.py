@@ -1,0 +1,287 @@
+"""A GGUF file or a Hugging Face checkpoint folder to a generative artifact folder: config and
+weights read, the decoder graph built, checked once, and written with its tokenizer, chat template
+and generation defaults (``ferry convert model.gguf -o folder/``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ferry.errors import ConversionError, InvalidInputError, ModelLoadError
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from ferry.generate._config import DecoderConfig
+    from ferry.generate._weights import DecoderWeights
+
+__all__ = ["DECODER_PRECISIONS", "convert_decoder", "decoder_source_kind", "default_precision"]
+
+#: Precisions ``convert_decoder`` builds (fp16 and bf16 are not written yet).
+DECODER_PRECISIONS = ("int4", "int8", "fp32")
+_GGUF_MAGIC = b"GGUF"
+# The projections build_decoder multiplies (the rest, norms and the embedding, stay float).
+_MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
+_FLOAT_TYPES = {"F32", "F16", "BF16", "F64"}
+# GGUF types of 5 bits and more map to int8, fewer to int4: the width nearest the file's.
+_EIGHT_BIT = {"Q8_0", "Q8_1", "Q8_K", "Q6_K", "Q5_0", "Q5_1", "Q5_K"}
+# Tokens the built graph is checked on (any ids below the vocabulary size do).
+_CHECK_IDS = (1, 2, 3, 5, 8, 13, 21, 34, 55)
+
+
+def decoder_source_kind(source: str | os.PathLike[str]) -> str | None:
+    """ "gguf" for a GGUF file (its magic, or a ``.gguf`` name, so a corrupt one is reported as
+    such), "hf" for a folder whose ``config.json`` names a ``*ForCausalLM`` architecture, else
+    None."""
+    path = Path(source)
+    if path.is_file():
+        if path.suffix.lower() == ".gguf":
+            return "gguf"
+        try:
+            with path.open("rb") as f:
+                return "gguf" if f.read(4) == _GGUF_MAGIC else None
+        except OSError:
+            return None
+    config = path / "config.json"
+    if path.is_dir() and config.is_file():
+        try:
+            data = json.loads(config.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        archs = data.get("architectures") if isinstance(data, dict) else None
+        if isinstance(archs, list) and any(
+            isinstance(a, str) and a.endswith("ForCausalLM") for a in archs
+        ):
+            return "hf"
+    return None
+
+
+def default_precision(weights: DecoderWeights) -> str:
+    """The precision that keeps a source's weights as they are: fp32 for float checkpoints; for a
+    quantized GGUF the bit width of most of its projections (Q4_0/Q4_1/Q8_0 blocks then go into
+    MatMulNBits as stored, with no second rounding)."""
+    kinds = Counter(_storage_bits(weights[name].storage) for name in weights if _is_matrix(name))
+    if not kinds or kinds.most_common(1)[0][0] == "fp32":
+        return "fp32"
+    return kinds.most_common(1)[0][0]
+
+
+def convert_decoder(
+    source: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    precision: str | None = None,
+    flavour: str = "ort",
+    accuracy_level: int | None = None,
+    verify: bool = True,
+) -> Path:
+    """Build the generative artifact folder ``out_dir`` from a GGUF file or a Hugging Face folder.
+
+    Args:
+        source: A ``.gguf`` file, or a folder with ``config.json`` (a ``*ForCausalLM``),
+            ``*.safetensors`` and ``tokenizer.json`` (+ ``tokenizer_config.json``,
+            ``generation_config.json``).
+        out_dir: The folder to write (replaced whole, only once everything is built).
+        precision: "int4", "int8" or "fp32" (dequantized). None: :func:`default_precision`, i.e.
+            a Q4_1 GGUF stays int4 with its blocks as stored (the Q8_0 embedding, as output
+            head, stays 8-bit), a float checkpoint stays fp32. K-quants and float weights asked
+            for int4/int8 are rounded per block of 32; the error is in the report.
+        flavour: "ort" (onnxruntime's contrib operators) or "standard" (plain ONNX).
+        accuracy_level: MatMulNBits' accuracy_level for int4/int8 builds. None: 4, int8
+            activations per block, as llama.cpp's CPU dot products quantize them (Q8_1 for
+            Q4_1 weights); 0 multiplies float activations (exact against the dequantized
+            weights, slower).
+        verify: Run the built graph once before writing: a 9-token prompt must give finite
+            logits of shape [1, 9, vocab], and the last token fed as one step on the first
+            eight's key/value cache must give the same logits (cosine >= 0.999) -- a check that
+            the graph runs and its cache path agrees with its prompt path, not a comparison
+            with a reference framework (tests/real/test_generate_kit.py does that).
+
+    Returns:
+        The folder.
+
+    Raises:
+        ModelLoadError: The source is missing, corrupt or truncated.
+        InvalidInputError: An unsupported architecture, precision or flavour.
+        ConversionError: The built graph fails its check (nothing is written).
+    """
+    from ferry.generate._artifact import write_decoder_artifact
+    from ferry.generate._graph import FLAVOURS, build_decoder
+
+    path = Path(source)
+    if precision is not None and precision not in DECODER_PRECISIONS:
+        raise InvalidInputError(
+            f"precision {precision!r} is not one of {', '.join(DECODER_PRECISIONS)}"
+            + (" (fp16/bf16 decoders are not built yet)" if precision in ("fp16", "bf16") else "")
+        )
+    if flavour not in FLAVOURS:
+        raise InvalidInputError(f"flavour {flavour!r} is not one of {', '.join(FLAVOURS)}")
+    kind = decoder_source_kind(path)
+    if kind == "gguf":
+        config, weights, files = _from_gguf(path)
+    elif kind == "hf":
+        config, weights, files = _from_hf(path)
+    elif not path.exists():
+        raise ModelLoadError(f"{path}: no such file or folder")
+    else:
+        raise InvalidInputError(
+            f"{path} is neither a GGUF file nor a Hugging Face folder whose config.json names a "
+            "*ForCausalLM architecture"
+        )
+    chosen = precision or default_precision(weights)
+    quantized = chosen in ("int4", "int8")
+    level = (4 if accuracy_level is None else accuracy_level) if quantized else 0
+    model = build_decoder(config, weights, precision=chosen, flavour=flavour, accuracy_level=level)
+    report: dict[str, Any] = {
+        "parameters": parameter_count(weights),
+        "source_types": dict(Counter(w.storage for w in weights.values())),
+        "weights": weight_mix(weights, chosen),
+        "flavour": flavour,
+        "requantization": json.loads(model.metadata_props.get("ferry.requantization", "{}")),
+    }
+    if quantized:
+        report["accuracy_level"] = level
+    if verify:
+        report["verified"] = _check_runs(model, config)
+    return write_decoder_artifact(
+        out_dir,
+        model=model,
+        config=config,
+        tokenizer=files.tokenizer,
+        template=files.template,
+        generation_config=files.generation_config,
+        report=report,
+        source=str(path),
+        precision=chosen,
+    )
+
+
+def parameter_count(weights: DecoderWeights) -> int:
+    """Values in every weight (a tied output head counted once, with the embedding)."""
+    return int(sum(int(np.prod(w.shape, dtype=np.int64)) for w in weights.values()))
+
+
+def weight_mix(weights: DecoderWeights, precision: str) -> dict[str, int]:
+    """How the graph stores the projections and the output head, counted: "int4 (Q4_1 as
+    stored)", "int4 (rounded from Q6_K)", "fp32"..., as ``build_decoder`` decides."""
+    mix: Counter[str] = Counter()
+    names = [n for n in weights if _is_matrix(n)]
+    names.append("lm_head" if "lm_head" in weights else "embed")
+    for name in names:
+        weight = weights[name]
+        if precision == "fp32" or weight.shape[-1] % 32:
+            mix["fp32"] += 1
+            continue
+        blocks = weight.blocks() if weight.storage in ("Q4_0", "Q4_1", "Q8_0") else None
+        if blocks is not None:
+            mix[f"int{blocks.bits} ({weight.storage} as stored)"] += 1
+        else:
+            mix[f"{precision} (rounded from {weight.storage})"] += 1
+    return dict(mix)
+
+
+def _is_matrix(name: str) -> bool:
+    return name.startswith("layers.") and name.rsplit(".", 1)[-1] in _MATRICES
+
+
+def _storage_bits(storage: str) -> str:
+    if storage.upper() in _FLOAT_TYPES:
+        return "fp32"
+    return "int8" if storage in _EIGHT_BIT else "int4"
+
+
+def _from_gguf(path: Path) -> tuple[DecoderConfig, DecoderWeights, Any]:
+    from ferry.formats import read_gguf
+    from ferry.generate._artifact import decoder_files_from_gguf
+    from ferry.generate._config import DecoderConfig
+    from ferry.generate._weights import DecoderWeights
+
+    gguf_file = read_gguf(path)
+    config = DecoderConfig.from_gguf(gguf_file)
+    weights = DecoderWeights.from_gguf(gguf_file, config)
+    return config, weights, decoder_files_from_gguf(gguf_file.metadata, config)
+
+
+def _from_hf(folder: Path) -> tuple[DecoderConfig, DecoderWeights, Any]:
+    from ferry.formats import read_safetensors
+    from ferry.generate._artifact import generation_config_for, load_decoder_files
+    from ferry.generate._config import DecoderConfig
+    from ferry.generate._weights import DecoderWeights
+
+    try:
+        config_json = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{folder / 'config.json'}: {e}") from None
+    config = DecoderConfig.from_hf(config_json)
+    weights = DecoderWeights.from_hf(read_safetensors(folder), config)
+    files = load_decoder_files(folder)
+    generation = generation_config_for(config)
+    # The folder's own generation_config.json may stop on more ids (end of turn and of text).
+    theirs = files.generation_config.get("eos_token_id")
+    extra = [theirs] if isinstance(theirs, int) else list(theirs or [])
+    generation["eos_token_id"] = list(
+        dict.fromkeys([*generation["eos_token_id"], *(int(i) for i in extra)])
+    )
+    return config, weights, files._replace(generation_config=generation)
+
+
+def _check_runs(model: ir.Model, config: DecoderConfig) -> str:
+    """Run the graph on a short prompt, then its last token as one cached step (see
+    :func:`convert_decoder`'s ``verify``); returns what was checked."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return "skipped: onnxruntime is not installed"
+    import onnx_ir as ir
+
+    size = sum(
+        v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None
+    )
+    if size > 1_800_000_000:
+        return "skipped: the model is over protobuf's 2 GB in memory"
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(
+            ir.serde.serialize_model(model).SerializeToString(),
+            options,
+            providers=["CPUExecutionProvider"],
+        )
+    except Exception as e:  # onnxruntime's own exception types are not importable stably
+        raise ConversionError(f"the built decoder does not load in onnxruntime: {e}") from e
+    ids = np.array([[i % config.vocab_size for i in _CHECK_IDS]], dtype=np.int64)
+    n = ids.shape[1]
+    empty = np.zeros((1, config.num_kv_heads, 0, config.head_dim), np.float32)
+
+    def run(tokens: np.ndarray, start: int, past: list[np.ndarray] | None) -> list[np.ndarray]:
+        feeds: dict[str, np.ndarray] = {
+            "input_ids": tokens,
+            "attention_mask": np.ones((1, start + tokens.shape[1]), np.int64),
+            "position_ids": np.arange(start, start + tokens.shape[1], dtype=np.int64)[None],
+        }
+        for i in range(config.num_layers):
+            for j, part in enumerate(("key", "value")):
+                feeds[f"past_key_values.{i}.{part}"] = past[2 * i + j] if past else empty
+        return list(session.run(None, feeds))
+
+    full = run(ids, 0, None)[0]
+    if full.shape != (1, n, config.vocab_size) or not np.isfinite(full).all():
+        raise ConversionError(
+            f"the built decoder gives logits of shape {list(full.shape)} "
+            f"(expected [1, {n}, {config.vocab_size}]) or non-finite values"
+        )
+    prefix = run(ids[:, : n - 1], 0, None)
+    step = run(ids[:, n - 1 :], n - 1, prefix[1:])[0][0, -1]
+    last = full[0, -1]
+    cosine = float(step @ last / (np.linalg.norm(step) * np.linalg.norm(last) or 1.0))
+    if cosine < 0.999:
+        raise ConversionError(
+            f"the built decoder's cached step disagrees with its prompt pass (cosine {cosine:.5f})"
+        )
+    return f"runs: finite logits [1, {n}, {config.vocab_size}]; cached step cosine {cosine:.6f}"

@@ -1,0 +1,221 @@
+"""convert_decoder and ``ferry convert`` / ``ferry info`` on decoders: a tiny llama written as a
+GGUF (Q4_0 blocks, float, K-quant) and as a Hugging Face folder (issue 29)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner, Result
+
+import ferry
+from ferry.cli.main import cli
+from ferry.errors import InvalidInputError, ModelLoadError
+from ferry.generate._convert import convert_decoder, decoder_source_kind
+from gguf_files import llama_permute, tiny_llama, write_gguf, write_hf_folder
+
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_NAMES = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def vocabulary(size: int) -> list[str]:
+    """Three ChatML control tokens, then single printable characters (byte-level spellings)."""
+    chars = [chr(c) for c in range(ord("!"), ord("~") + 1)]
+    return ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "Ġ", *chars][:size]
+
+
+def tiny_gguf(
+    path: Path, *, matrix_type: str | None = "Q4_0", arch: str = "llama"
+) -> tuple[Path, dict[str, Any], dict[str, np.ndarray]]:
+    """The tiny llama as llama.cpp's converter writes it (q/k permuted), its projections stored
+    as ``matrix_type`` (None: F32), with a byte-level vocabulary and a ChatML template."""
+    config, tensors = tiny_llama()
+    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+    out: dict[str, Any] = {
+        "token_embd.weight": tensors["model.embed_tokens.weight"],
+        "output_norm.weight": tensors["model.norm.weight"],
+    }
+    for i in range(config["num_hidden_layers"]):
+        for hf, gg in _NAMES.items():
+            w = tensors[f"model.layers.{i}.{hf}.weight"]
+            w = llama_permute(w, heads) if gg == "attn_q" else w
+            w = llama_permute(w, kv) if gg == "attn_k" else w
+            matrix = "norm" not in gg
+            out[f"blk.{i}.{gg}.weight"] = (w, matrix_type) if matrix and matrix_type else w
+    tokens = vocabulary(config["vocab_size"])
+    metadata: dict[str, Any] = {
+        f"{arch}.block_count": config["num_hidden_layers"],
+        f"{arch}.context_length": config["max_position_embeddings"],
+        f"{arch}.embedding_length": config["hidden_size"],
+        f"{arch}.feed_forward_length": config["intermediate_size"],
+        f"{arch}.attention.head_count": heads,
+        f"{arch}.attention.head_count_kv": kv,
+        f"{arch}.rope.freq_base": float(config["rope_theta"]),
+        f"{arch}.attention.layer_norm_rms_epsilon": float(config["rms_norm_eps"]),
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [3, 3, 3] + [1] * (len(tokens) - 3),
+        "tokenizer.ggml.merges": [],
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.padding_token_id": 2,
+        "tokenizer.chat_template": TEMPLATE,
+    }
+    return write_gguf(path, arch, out, metadata), config, tensors
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], Any]:
+    path, config, tensors = tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.Q4_0.gguf")
+    return path, config, tensors
+
+
+def prompt_logits(folder: Path, ids: list[int]) -> np.ndarray:
+    """The artifact's logits for ``ids`` in one pass (no cache)."""
+    config = json.loads((folder / "ferry.json").read_text())["generative"]
+    session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    x = np.array([ids], dtype=np.int64)
+    empty = np.zeros((1, config["num_kv_heads"], 0, config["head_dim"]), np.float32)
+    feeds = {
+        "input_ids": x,
+        "attention_mask": np.ones_like(x),
+        "position_ids": np.arange(len(ids))[None],
+    }
+    for i in range(config["num_layers"]):
+        feeds[f"past_key_values.{i}.key"] = feeds[f"past_key_values.{i}.value"] = empty
+    return np.asarray(session.run(["logits"], feeds)[0][0])
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), prog_name="ferry")
+
+
+def test_gguf_default_keeps_q4_0_blocks_as_stored(source: Any, tmp_path: Path) -> None:
+    path, _, _ = source
+    folder = convert_decoder(path, tmp_path / "out")
+    section = json.loads((folder / "ferry.json").read_text())["generative"]
+    assert section["precision"] == "int4"
+    assert section["accuracy_level"] == 4
+    # 2 layers x 7 projections as stored; the F32 embedding, as output head, rounded per block
+    assert section["weights"] == {"int4 (Q4_0 as stored)": 14, "int4 (rounded from F32)": 1}
+    assert list(section["requantization"]) == ["lm_head"]
+    assert section["verified"].startswith("runs: finite logits [1, 9, 80]")
+    for name in ("model.onnx", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert (folder / name).is_file()
+    generation = json.loads((folder / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == [2] and generation["max_length"] == 512
+    decoder = ferry.load(folder)
+    out = decoder.generate(messages=[{"role": "user", "content": "hi"}], max_new_tokens=5)
+    assert out.prompt_tokens > 5 and 1 <= len(out.ids) <= 5
+
+
+def test_fp32_from_gguf_and_from_the_hf_folder_agree(source: Any, tmp_path: Path) -> None:
+    """The same float weights through both sources (GGUF q/k permuted for adjacent-pair RoPE,
+    the checkpoint rotating halves) give the same logits."""
+    _, config, tensors = source
+    gguf_path, _, _ = tiny_gguf(tmp_path / "f32.gguf", matrix_type=None)
+    from_gguf = convert_decoder(gguf_path, tmp_path / "a")
+    assert json.loads((from_gguf / "ferry.json").read_text())["generative"]["precision"] == "fp32"
+    hf = write_hf_folder(tmp_path / "hf", config, tensors)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (hf / name).write_bytes((from_gguf / name).read_bytes())
+    (hf / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
+    assert decoder_source_kind(hf) == "hf" and decoder_source_kind(gguf_path) == "gguf"
+    from_hf = convert_decoder(hf, tmp_path / "b")
+    ids = [1, 10, 20, 30, 40, 2, 5]
+    a, b = prompt_logits(from_gguf, ids), prompt_logits(from_hf, ids)
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+    generation = json.loads((from_hf / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == [2, 0]
+    assert json.loads((from_hf / "tokenizer_config.json").read_text())["chat_template"] == TEMPLATE
+
+
+def test_int8_and_unknown_precisions(source: Any, tmp_path: Path) -> None:
+    path, _, _ = source
+    folder = convert_decoder(path, tmp_path / "int8", precision="int8", verify=False)
+    section = json.loads((folder / "ferry.json").read_text())["generative"]
+    # Q4_0 blocks are kept as stored (4-bit) even at int8: never a second rounding
+    assert section["weights"]["int4 (Q4_0 as stored)"] == 14
+    assert section["weights"]["int8 (rounded from F32)"] == 1
+    with pytest.raises(InvalidInputError, match="fp16/bf16 decoders are not built yet"):
+        convert_decoder(path, tmp_path / "x", precision="fp16")
+    with pytest.raises(InvalidInputError, match="flavour"):
+        convert_decoder(path, tmp_path / "x", flavour="trt")
+    with pytest.raises(ModelLoadError, match="no such"):
+        convert_decoder(tmp_path / "missing.gguf", tmp_path / "x")
+
+
+def test_cli_convert_and_info(source: Any, tmp_path: Path) -> None:
+    path, _, _ = source
+    out = tmp_path / "tiny"
+    result = run("convert", str(path), "-o", str(out), "--precision", "int4")
+    assert result.exit_code == 0, result.output
+    for said in (
+        "architecture: llama   layers: 2",
+        "precision: int4",
+        "14 int4 (Q4_0 as stored)",
+        "context: 512   vocab: 80",
+        "checked: runs",
+        "model.onnx.data",
+    ):
+        assert said in result.output
+    info = run("info", str(out))
+    assert info.exit_code == 0, info.output
+    assert "chat template (4 lines)" in info.output and "<|im_start|>" in info.output
+    assert "special tokens: bos '<|im_start|>', eos '<|im_end|>'" in info.output
+    data = json.loads(run("info", str(out), "--json").output)
+    _, _, tensors = source
+    assert data["kind"] == "artifact" and data["precision"] == "int4"
+    assert data["parameters"] == sum(t.size for t in tensors.values())
+    assert data["chat_template"] == TEMPLATE
+    gguf_info = json.loads(run("info", str(path), "--json").output)
+    assert gguf_info["kind"] == "gguf"
+    assert gguf_info["quantization"] == {"F32": 6, "Q4_0": 14}
+    assert gguf_info["special_tokens"] == {
+        "bos": "<|im_start|>",
+        "eos": "<|im_end|>",
+        "pad": "<|im_end|>",
+    }
+    text = run("info", str(path))
+    assert text.exit_code == 0 and "14 Q4_0, 6 F32" in text.output
+
+
+def one_error_line(result: Result) -> str:
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    return lines[0]
+
+
+def test_cli_errors(source: Any, tmp_path: Path) -> None:
+    path, _, _ = source
+    truncated = tmp_path / "cut.gguf"
+    truncated.write_bytes(path.read_bytes()[:200])
+    assert "truncated or corrupt" in one_error_line(run("convert", str(truncated), "-o", "x"))
+    wrong = tmp_path / "wrong.gguf"
+    wrong.write_bytes(b"NOPE" + bytes(64))
+    assert "not a GGUF file" in one_error_line(run("convert", str(wrong), "-o", "x"))
+    mamba, _, _ = tiny_gguf(tmp_path / "mamba.gguf", arch="mamba")
+    said = one_error_line(run("convert", str(mamba), "-o", str(tmp_path / "m")))
+    assert "mamba" in said and "llama" in said
+    said = one_error_line(run("convert", str(path), "-o", "x", "--opset", "17"))
+    assert "--opset" in said
+    assert "truncated or corrupt" in one_error_line(run("info", str(truncated)))
+    assert not (tmp_path / "m").exists()
