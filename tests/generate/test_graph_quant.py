@@ -53,6 +53,10 @@ def ops(model: ir.Model) -> list[str]:
     return [node.op_type for node in model.graph]
 
 
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float((a * b).sum() / np.linalg.norm(a) / np.linalg.norm(b))
+
+
 def logits_of(model: ir.Model, cfg: DecoderConfig) -> np.ndarray:
     return Runner(model, cfg).prompt(IDS)
 
@@ -76,18 +80,19 @@ def test_int8_activations_stay_close() -> None:
     weights = as_blocks(make_weights(cfg), "Q4_1")
     fast = build_decoder(cfg, weights, precision="int4", flavour="ort", accuracy_level=4)
     got, want = logits_of(fast, cfg), logits_of(build_decoder(cfg, weights), cfg)
-    cosine = float((got * want).sum() / np.linalg.norm(got) / np.linalg.norm(want))
-    assert cosine >= 0.999, cosine
+    assert cosine(got, want) >= 0.999
 
 
-def test_int8_from_q8_0_blocks_equals_fp32() -> None:
+def test_int8_from_q8_0_blocks_stays_close_to_fp32() -> None:
+    """8-bit MatMulNBits runs with int8 activations (onnxruntime's only fast 8-bit kernel, as
+    llama.cpp's q8_0 dot product), so close rather than equal."""
     cfg = CONFIGS["llama_gqa"]
     weights = as_blocks(make_weights(cfg), "Q8_0")
     int8 = build_decoder(cfg, weights, precision="int8", flavour="ort")
     assert ops(int8).count("MatMulNBits") == 7 * cfg.num_layers + 1
-    np.testing.assert_allclose(
-        logits_of(int8, cfg), logits_of(build_decoder(cfg, weights), cfg), rtol=1e-4, atol=1e-4
-    )
+    got, want = logits_of(int8, cfg), logits_of(build_decoder(cfg, weights), cfg)
+    assert cosine(got, want) >= 0.999
+    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9
 
 
 @pytest.mark.parametrize("precision", ["int4", "int8"])
@@ -100,17 +105,15 @@ def test_rtn_from_float_stays_close_and_reports_its_error(name: str, precision: 
     assert set(errors) >= {"layers.0.q", "layers.1.down", "lm_head"}
     assert max(errors.values()) < (0.2 if precision == "int4" else 0.02)
     got, want = logits_of(model, cfg), logits_of(build_decoder(cfg, weights), cfg)
-    cosine = float((got * want).sum() / np.linalg.norm(got) / np.linalg.norm(want))
-    # Measured on these random 2-layer models: int4 0.983-0.993, int8 >= 0.99994.
-    assert cosine >= (0.98 if precision == "int4" else 0.9999), cosine
+    # Measured on these random 2-layer models: int4 0.983-0.993, int8 >= 0.9998.
+    assert cosine(got, want) >= (0.98 if precision == "int4" else 0.999)
 
 
-@pytest.mark.parametrize("precision", ["int4", "int8"])
-def test_rtn_graph_computes_exactly_its_dequantized_weights(precision: str) -> None:
+def test_rtn_graph_computes_exactly_its_dequantized_weights() -> None:
     """Per-block zero points that differ (the RTN case) are packed where MatMulNBits reads them."""
     cfg = CONFIGS["llama_gqa"]
     weights = make_weights(cfg)
-    bits = 4 if precision == "int4" else 8
+    precision, bits = "int4", 4
     rounded = FakeWeights()
     for name, weight in weights.items():
         array = weight.float()

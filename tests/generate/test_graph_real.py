@@ -58,14 +58,15 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize(
     ("precision", "accuracy_level", "floor"),
-    [("fp32", 0, 0.9999), ("int4", 0, 0.9999), ("int4", 4, 0.95)],
+    [("fp32", 0, 0.9999), ("int4", 0, 0.9995), ("int4", 4, 0.95)],
 )
 def test_smollm2_logits_match_transformers(
     source: Any, precision: str, accuracy_level: int, floor: float
 ) -> None:
-    """fp32 and int4 with float activations compute the GGUF's own values (Q4_1 and the Q8_0
-    head taken as stored), so both meet the fp32 floor. int8 activations (accuracy_level 4) trade
-    some: measured 0.965-0.9999 per position here."""
+    """fp32 and int4 compute the GGUF's own values (Q4_1 and the Q8_0 head taken as stored);
+    int4's 8-bit head multiplies int8 activations (onnxruntime's only fast 8-bit kernel), min
+    cosine 0.99984 measured. int8 activations everywhere (accuracy_level 4) trade more:
+    0.965-0.9999 per position."""
     config, weights, reference = source
     model = build_decoder(
         config, weights, precision=precision, flavour="ort", accuracy_level=accuracy_level
