@@ -195,6 +195,8 @@ def test_cli_convert_and_info(source: Any, tmp_path: Path) -> None:
     }
     text = run("info", str(path))
     assert text.exit_code == 0 and "14 Q4_0, 6 F32" in text.output
+    generated = run("generate", str(out), "--prompt", "hi", "--max-new-tokens", "3")
+    assert generated.exit_code == 0, generated.output
 
 
 def one_error_line(result: Result) -> str:

@@ -81,6 +81,7 @@ def _register() -> None:
     for name in (
         "info",
         "run",
+        "generate",
         "convert",
         "optimize",
         "quantize",
