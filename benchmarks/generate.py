@@ -44,11 +44,14 @@ def convert(gguf: Path, folder: Path, precision: str) -> None:
     flavour = "standard" if precision == "fp32" else "ort"
     try:
         from ferry.generate._convert import convert_decoder
-    except ImportError:
-        convert_decoder = None
-    if convert_decoder is not None:
-        convert_decoder(gguf, folder, precision=precision, flavour=flavour)
+    except ImportError:  # a ferry from before ``ferry convert model.gguf``
+        _build(gguf, folder, precision, flavour)
         return
+    convert_decoder(gguf, folder, precision=precision, flavour=flavour)
+
+
+def _build(gguf: Path, folder: Path, precision: str, flavour: str) -> None:
+    """What ``convert_decoder`` does, from the lower-level API (without its check run)."""
     from ferry.formats import read_gguf
     from ferry.generate import DecoderConfig, DecoderWeights
     from ferry.generate._artifact import decoder_files_from_gguf, write_decoder_artifact

@@ -121,6 +121,8 @@ def test_openvino_runs_the_standard_fp32_graph(fp32: Path) -> None:
     assert set(rows) == {"onnxruntime fp32", "openvino fp32"}
     assert rows["openvino fp32"]["skipped"] is None and rows["openvino fp32"]["error"] is None
     assert rows["openvino fp32"]["new_tokens"] == NEW
+    # In one process, no configuration's own peak RSS.
+    assert rows["openvino fp32"]["peak_rss_mb"] is None
 
 
 def test_a_plain_model_is_one_error(tmp_path: Path) -> None:

@@ -223,7 +223,11 @@ def run_generate_bench(
         out: dict[str, Any] = {}
         if target.error is None and skipped is None:
             run = {**job, "backend": target.backend, "precision": target.precision}
-            out = _in_child(run) if spec.isolate else measure_safely(run)
+            if spec.isolate:
+                out = _in_child(run)
+            else:
+                # This process's high-water mark is everything it ever ran, not this engine's.
+                out = {**measure_safely(run), "peak_rss_mb": None, "rss_before_load_mb": None}
         configs.append(_config_dict(target, spec, skipped, out))
     report("done", len(targets), len(targets))
     return {
@@ -461,11 +465,16 @@ def generate_table(results: dict[str, Any]) -> Any:
 def generate_lines(results: dict[str, Any]) -> list[str]:
     """The lines under the table: why each skipped or failed configuration is so, the notes,
     and how it was measured."""
-    lines = []
+    # One line per reason, naming every configuration it holds for (an engine's precisions).
+    said: dict[tuple[str, str], list[str]] = {}
     for row in results["configurations"]:
         for key in ("skipped", "error", "note"):
             if row[key]:
-                lines.append(f"{key if key != 'error' else 'failed'}: {row['label']}: {row[key]}")
+                said.setdefault((key, row[key]), []).append(row["label"])
+    lines = [
+        f"{'failed' if key == 'error' else key}: {', '.join(labels)}: {text}"
+        for (key, text), labels in said.items()
+    ]
     s = results["settings"]
     how = (
         "peak RSS and load in a fresh process per configuration"
