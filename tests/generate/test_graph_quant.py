@@ -67,7 +67,7 @@ def test_int4_from_blocks_equals_fp32_of_the_same_values(name: str, kind: str) -
     cfg = CONFIGS[name]
     weights = as_blocks(make_weights(cfg), kind)
     int4 = build_decoder(cfg, weights, precision="int4", flavour="ort")
-    projections = 7 * cfg.num_layers + 1  # q k v o gate up down per layer, and the head
+    projections = 4 * cfg.num_layers + 1  # qkv, o, gate_up, down per layer, and the head
     assert ops(int4).count("MatMulNBits") == projections
     assert "ferry.requantization" not in int4.metadata_props
     np.testing.assert_allclose(
@@ -89,7 +89,7 @@ def test_int8_from_q8_0_blocks_stays_close_to_fp32() -> None:
     cfg = CONFIGS["llama_gqa"]
     weights = as_blocks(make_weights(cfg), "Q8_0")
     int8 = build_decoder(cfg, weights, precision="int8", flavour="ort")
-    assert ops(int8).count("MatMulNBits") == 7 * cfg.num_layers + 1
+    assert ops(int8).count("MatMulNBits") == 4 * cfg.num_layers + 1
     got, want = logits_of(int8, cfg), logits_of(build_decoder(cfg, weights), cfg)
     assert cosine(got, want) >= 0.999
     assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9

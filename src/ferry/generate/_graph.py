@@ -193,9 +193,14 @@ def _layer(
     """One pre-norm block (gemma adds post-norms); returns the residual and present k/v."""
     p = f"layers.{i}."
     x = _norm(b, weights, config, p + "attn_norm", hidden)
-    q = _heads(b, quant, weights, config, p + "q", x, config.num_heads)
-    k = _heads(b, quant, weights, config, p + "k", x, config.num_kv_heads)
-    v = _heads(b, quant, weights, config, p + "v", x, config.num_kv_heads)
+    names = [p + "q", p + "k", p + "v"]
+    projected = quant.linears(x, [weights[n] for n in names], p + "qkv", names)
+    q, k, v = (
+        _heads(b, weights, config, n, y, heads)
+        for n, y, heads in zip(
+            names, projected, (config.num_heads, config.num_kv_heads, config.num_kv_heads)
+        )
+    )
     sliding = bool(config.sliding_pattern[i]) if i < len(config.sliding_pattern) else False
     layer_rope = local_rope if sliding else rope
     q = apply_rope(b, q, layer_rope)
@@ -210,8 +215,9 @@ def _layer(
     hidden = b.op("Add", [hidden, out])
 
     x = _norm(b, weights, config, p + "ffn_norm", hidden)
-    gate = quant.linear(x, weights[p + "gate"], p + "gate")
-    up = quant.linear(x, weights[p + "up"], p + "up")
+    gate, up = quant.linears(
+        x, [weights[p + "gate"], weights[p + "up"]], p + "gate_up", [p + "gate", p + "up"]
+    )
     if config.activation == "silu":
         act = b.op("Mul", [gate, b.op("Sigmoid", [gate])])
     elif config.activation == "gelu_tanh":
@@ -226,15 +232,13 @@ def _layer(
 
 def _heads(
     b: Builder,
-    quant: Quantizer,
     weights: WeightsLike,
     config: DecoderConfig,
     name: str,
-    x: ir.Value,
+    y: ir.Value,
     heads: int,
 ) -> ir.Value:
-    """A q/k/v projection (+ bias, + per-head RMSNorm) split into [B, heads, S, d]."""
-    y = quant.linear(x, weights[name], name)
+    """A projected q/k/v (+ bias, + per-head RMSNorm) split into [B, heads, S, d]."""
     if name + "_bias" in weights:
         y = b.op("Add", [y, b.init(name + "_bias", weights[name + "_bias"].float())])
     y = b.op("Reshape", [y, b.ints([0, 0, heads, config.head_dim])])

@@ -12,6 +12,8 @@ sums of A times the minimums, sum_j (sum_{k in j} A_k) * m[n, j]: exact, and one
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,6 +26,51 @@ if TYPE_CHECKING:
     from ferry.generate._graph_ops import Builder
 
 BLOCK = 32
+#: Fuse projections of one input into one node (switchable to measure the difference).
+FUSE = True
+
+
+@dataclass
+class _Plan:
+    """How one projection is stored: a float (in, out) matrix, or codes/scales/zero points
+    (N, K), Q4_1's minimums, and the bit width."""
+
+    float_t: np.ndarray | None = None
+    codes: np.ndarray | None = None
+    scales: np.ndarray | None = None
+    zeros: np.ndarray | None = None
+    mins: np.ndarray | None = None
+    bits: int = 0
+
+    @property
+    def kind(self) -> tuple[bool, int, bool]:
+        return (self.float_t is not None, self.bits, self.mins is not None)
+
+    @property
+    def out_features(self) -> int:
+        if self.float_t is not None:
+            return int(self.float_t.shape[1])
+        assert self.codes is not None
+        return int(self.codes.shape[0])
+
+    @staticmethod
+    def join(plans: Sequence[_Plan]) -> _Plan:
+        """Plans of one kind stacked along the outputs."""
+        first = plans[0]
+        if first.float_t is not None:
+            return _Plan(float_t=np.concatenate([p.float_t for p in plans], axis=1))  # type: ignore[misc]
+
+        def stack(field: str) -> np.ndarray | None:
+            parts = [getattr(p, field) for p in plans]
+            return None if parts[0] is None else np.concatenate(parts, axis=0)
+
+        return _Plan(
+            codes=stack("codes"),
+            scales=stack("scales"),
+            zeros=stack("zeros"),
+            mins=stack("mins"),
+            bits=first.bits,
+        )
 
 
 class Quantizer:
@@ -53,30 +100,47 @@ class Quantizer:
 
     def linear(self, x: ir.Value, weight: Any, name: str) -> ir.Value:
         """x @ W.T for a weight stored (out, in)."""
+        return self.linears(x, [weight], name, [name])[0]
+
+    def linears(
+        self, x: ir.Value, weights: Sequence[Any], name: str, names: Sequence[str]
+    ) -> list[ir.Value]:
+        """Several projections of one input (q, k, v; gate, up) as one node and a Split when
+        they are stored alike (one MatMul reads x once, and the graph has fewer nodes)."""
+        plans = [self._plan(w, n) for w, n in zip(weights, names)]
+        if FUSE and len(plans) > 1 and len({p.kind for p in plans}) == 1:
+            joined = _Plan.join(plans)
+            y = self._emit(x, joined, name)
+            sizes = self.b.ints([p.out_features for p in plans])
+            return list(self.b.ops("Split", [y, sizes], {"axis": -1}, num_outputs=len(plans)))
+        return [self._emit(x, p, n) for p, n in zip(plans, names)]
+
+    def _plan(self, weight: Any, name: str) -> _Plan:
         in_features = weight.shape[-1]
         # MatMulNBits wants whole blocks along K; an odd width stays float.
         if not self.quantized or in_features % BLOCK or not in_features:
-            return self.b.op(
-                "MatMul", [x, self.b.init(name, np.ascontiguousarray(weight.float().T))]
-            )
+            return _Plan(float_t=np.ascontiguousarray(weight.float().T))
         blocks = weight.blocks()
-        mins = None
         if blocks is not None and blocks.bits in (4, 8):
             codes, scales, zeros, mins = _from_blocks(blocks)
-            bits = int(blocks.bits)
-        else:
-            w = weight.float()
-            codes, scales, zeros = rtn(w, self.bits)
-            restored = dequantize(codes, scales, zeros)
-            self.errors[name] = float(np.max(np.abs(restored - w))) if w.size else 0.0
-            bits = self.bits
-        y = self.matmul_nbits(x, codes, scales, zeros, bits, name)
-        if mins is None:
+            return _Plan(codes=codes, scales=scales, zeros=zeros, mins=mins, bits=int(blocks.bits))
+        w = weight.float()
+        codes, scales, zeros = rtn(w, self.bits)
+        restored = dequantize(codes, scales, zeros)
+        self.errors[name] = float(np.max(np.abs(restored - w))) if w.size else 0.0
+        return _Plan(codes=codes, scales=scales, zeros=zeros, bits=self.bits)
+
+    def _emit(self, x: ir.Value, plan: _Plan, name: str) -> ir.Value:
+        b = self.b
+        if plan.float_t is not None:
+            return b.op("MatMul", [x, b.init(name, plan.float_t)])
+        assert plan.codes is not None and plan.scales is not None and plan.zeros is not None
+        y = self.matmul_nbits(x, plan.codes, plan.scales, plan.zeros, plan.bits, name)
+        if plan.mins is None:
             return y
-        shift = self.b.op(
-            "MatMul", [self.block_sums(x, in_features), self.b.init(name + ".mins", mins.T)]
-        )
-        return self.b.op("Add", [y, shift])
+        k = plan.codes.shape[1]
+        shift = b.op("MatMul", [self.block_sums(x, k), b.init(name + ".mins", plan.mins.T)])
+        return b.op("Add", [y, shift])
 
     def block_sums(self, x: ir.Value, k: int) -> ir.Value:
         """x [..., K] summed over each block of 32 -> [..., K/32]."""
