@@ -89,10 +89,11 @@ class Builder:
     # composite patterns -------------------------------------------------------------------
 
     def rms_norm(self, x: ir.Value, weight: np.ndarray, eps: float, name: str) -> ir.Value:
-        """x * rsqrt(mean(x^2) + eps) * w over the last axis, decomposed so every engine reads
-        it (OpenVINO fuses this pattern into its own RMS node)."""
-        square = self.op("Mul", [x, x])
+        """x / sqrt(mean(x^2) + eps) * w over the last axis, decomposed in the exact pattern
+        onnxruntime fuses into SimplifiedLayerNormalization (Pow, ReduceMean, Add, Sqrt, Div)
+        and OpenVINO into its RMS node."""
+        square = self.op("Pow", [x, self.const(2.0)])
         mean = self.op("ReduceMean", [square, self.ints([-1])], {"keepdims": 1})
-        inv = self.op("Reciprocal", [self.op("Sqrt", [self.op("Add", [mean, self.const(eps)])])])
-        normed = self.op("Mul", [x, inv])
+        root = self.op("Sqrt", [self.op("Add", [mean, self.const(eps)])])
+        normed = self.op("Div", [x, root])
         return self.op("Mul", [normed, self.init(name, weight.astype(self.dtype))])
