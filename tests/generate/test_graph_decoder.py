@@ -267,11 +267,16 @@ class Runner:
 IDS = np.array([3, 17, 42, 5, 88, 1, 64, 9, 30, 2], dtype=np.int64)
 
 
-@pytest.fixture(scope="module", params=sorted(CONFIGS))
+@pytest.fixture(
+    scope="module",
+    params=[(name, flavour) for name in sorted(CONFIGS) for flavour in ("standard", "ort")],
+    ids=lambda param: "-".join(param),
+)
 def case(request: pytest.FixtureRequest) -> tuple[DecoderConfig, FakeWeights, ir.Model]:
-    cfg = CONFIGS[request.param]
+    name, flavour = request.param
+    cfg = CONFIGS[name]
     weights = make_weights(cfg)
-    return cfg, weights, build_decoder(cfg, weights)
+    return cfg, weights, build_decoder(cfg, weights, flavour=flavour)
 
 
 def test_prompt_logits_match_reference(case: Any) -> None:

@@ -86,7 +86,7 @@ def build_decoder(
         raise InvalidInputError(
             f"num_heads {config.num_heads} is not a multiple of num_kv_heads {config.num_kv_heads}"
         )
-    b = Builder()
+    b = Builder(fused=flavour == "ort")
     quant = Quantizer(b, precision, accuracy_level)
     kv_shape = ["batch", config.num_kv_heads, "past_sequence", config.head_dim]
     inputs = [
@@ -115,14 +115,16 @@ def build_decoder(
         hidden = b.op("Mul", [hidden, b.const(config.embedding_scale)])
 
     presents: list[ir.Value] = []
+    delta: ir.Value | None = None  # the residual branch not yet added (fused into the next norm)
     for i in range(config.num_layers):
-        hidden, key, value = _layer(
+        hidden, delta, key, value = _layer(
             b,
             quant,
             weights,
             config,
             i,
             hidden,
+            delta,
             pasts[2 * i],
             pasts[2 * i + 1],
             masks,
@@ -131,7 +133,7 @@ def build_decoder(
         )
         presents += [key, value]
 
-    hidden = _norm(b, weights, config, "final_norm", hidden)
+    hidden, _ = _add_norm(b, weights, config, "final_norm", hidden, delta)
     logits = _lm_head(b, quant, weights, config, hidden, embed_value)
     if config.final_softcap:
         cap = float(config.final_softcap)
@@ -177,6 +179,33 @@ def _norm(
     return b.rms_norm(x, weight, config.rms_norm_eps, name)
 
 
+def _add_norm(
+    b: Builder,
+    weights: WeightsLike,
+    config: DecoderConfig,
+    name: str,
+    hidden: ir.Value,
+    delta: ir.Value | None,
+) -> tuple[ir.Value, ir.Value]:
+    """hidden + delta, and its norm: one SkipSimplifiedLayerNormalization in the ort flavour."""
+    if delta is None:
+        return _norm(b, weights, config, name, hidden), hidden
+    if not b.fused:
+        total = b.op("Add", [hidden, delta])
+        return _norm(b, weights, config, name, total), total
+    weight = weights[name].float()
+    if config.norm_plus_one:
+        weight = weight + 1.0
+    normed, _, _, total = b.ops(
+        "SkipSimplifiedLayerNormalization",
+        [hidden, delta, b.init(name, weight.astype(np.float32))],
+        {"epsilon": float(config.rms_norm_eps)},
+        num_outputs=4,
+        domain=MS_DOMAIN,
+    )
+    return normed, total
+
+
 def _layer(
     b: Builder,
     quant: Quantizer,
@@ -184,15 +213,17 @@ def _layer(
     config: DecoderConfig,
     i: int,
     hidden: ir.Value,
+    delta: ir.Value | None,
     past_key: ir.Value,
     past_value: ir.Value,
     masks: Masks,
     rope: Rope,
     local_rope: Rope,
-) -> tuple[ir.Value, ir.Value, ir.Value]:
-    """One pre-norm block (gemma adds post-norms); returns the residual and present k/v."""
+) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
+    """One pre-norm block (gemma adds post-norms) on hidden + delta; returns the residual, the
+    feed-forward's branch still to add, and present k/v."""
     p = f"layers.{i}."
-    x = _norm(b, weights, config, p + "attn_norm", hidden)
+    x, hidden = _add_norm(b, weights, config, p + "attn_norm", hidden, delta)
     names = [p + "q", p + "k", p + "v"]
     projected = quant.linears(x, [weights[n] for n in names], p + "qkv", names)
     q, k, v = (
@@ -212,9 +243,7 @@ def _layer(
     out = quant.linear(context, weights[p + "o"], p + "o")
     if p + "post_attn_norm" in weights:
         out = _norm(b, weights, config, p + "post_attn_norm", out)
-    hidden = b.op("Add", [hidden, out])
-
-    x = _norm(b, weights, config, p + "ffn_norm", hidden)
+    x, hidden = _add_norm(b, weights, config, p + "ffn_norm", hidden, out)
     gate, up = quant.linears(
         x, [weights[p + "gate"], weights[p + "up"]], p + "gate_up", [p + "gate", p + "up"]
     )
@@ -227,7 +256,7 @@ def _layer(
     out = quant.linear(b.op("Mul", [act, up]), weights[p + "down"], p + "down")
     if p + "post_ffn_norm" in weights:
         out = _norm(b, weights, config, p + "post_ffn_norm", out)
-    return b.op("Add", [hidden, out]), key, value
+    return hidden, out, key, value
 
 
 def _heads(

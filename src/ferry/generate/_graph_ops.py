@@ -23,11 +23,13 @@ class Builder:
 
     Args:
         dtype: numpy float type of the activations (float32 for now).
+        fused: Write onnxruntime's contrib operators where they exist (the "ort" flavour).
     """
 
-    def __init__(self, dtype: type[np.floating[Any]] = np.float32) -> None:
+    def __init__(self, dtype: type[np.floating[Any]] = np.float32, *, fused: bool = False) -> None:
         self.tape = ir.tape.Tape()
         self.dtype = dtype
+        self.fused = fused
         self._consts: dict[tuple[str, bytes, tuple[int, ...]], ir.Value] = {}
         self._names: set[str] = set()
         self.uses_ms = False
