@@ -14,6 +14,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ferry.errors import InvalidInputError
+from ferry.generate._graph_ops import MS_DOMAIN
 
 if TYPE_CHECKING:
     from ferry.generate._config import DecoderConfig
@@ -30,12 +31,14 @@ class Masks:
 
 @dataclass(frozen=True)
 class Rope:
-    """cos/sin tables, [B, 1, S, d/2] (halves form: [B, 1, S, d], concatenated twice)."""
+    """cos/sin tables: [B, 1, S, d/2, 1] (interleaved) or [B, 1, S, d] (halves, concatenated
+    twice); or, fused (onnxruntime's RotaryEmbedding), [context, d/2] caches and the positions."""
 
     cos: ir.Value
     sin: ir.Value
     interleaved: bool
     rotary_dim: int
+    position_ids: ir.Value | None = None
 
 
 def build_masks(
@@ -100,6 +103,18 @@ def build_rope(
     b: Builder, position_ids: ir.Value, config: DecoderConfig, *, local: bool = False
 ) -> Rope:
     """cos/sin of position * inv_freq, once for every layer (local: the sliding layers')."""
+    if b.fused:
+        # onnxruntime's RotaryEmbedding reads cos/sin per position from a [context, d/2] cache.
+        positions = np.arange(config.context_length, dtype=np.float32)
+        angles = positions[:, None] * inv_freq(config, local=local)[None, :]  # float32, as HF
+        suffix = "_local" if local else ""
+        return Rope(
+            b.init("rope_cos_cache" + suffix, np.cos(angles).astype(np.float32)),
+            b.init("rope_sin_cache" + suffix, np.sin(angles).astype(np.float32)),
+            config.rope_interleaved,
+            config.head_dim,
+            position_ids,
+        )
     pos = b.op("Cast", [position_ids], {"to": ir.DataType.FLOAT})
     pos = b.op("Unsqueeze", [pos, b.ints([1, 3])])  # [B, 1, S, 1]
     table = b.init(
@@ -120,6 +135,13 @@ def build_rope(
 def apply_rope(b: Builder, x: ir.Value, rope: Rope) -> ir.Value:
     """Rotate x [B, h, S, d]: pairs (2i, 2i+1) when interleaved, else halves (HF's rotate_half)."""
     d = rope.rotary_dim
+    if rope.position_ids is not None:
+        return b.op(
+            "RotaryEmbedding",
+            [x, rope.position_ids, rope.cos, rope.sin],
+            {"interleaved": int(rope.interleaved)},
+            domain=MS_DOMAIN,
+        )
     if rope.interleaved:
         pairs = b.op("Reshape", [x, b.ints([0, 0, 0, d // 2, 2])])
         even = b.op("Slice", [pairs, b.ints([0]), b.ints([1]), b.ints([-1])])
