@@ -335,7 +335,7 @@ def test_model_passes_checker_and_says_what_it_is(case: Any) -> None:
     props = {p.key: p.value for p in proto.metadata_props}
     assert props["ferry.generative"] == "decoder"
     assert DecoderConfig.from_dict(__import__("json").loads(props["ferry.decoder_config"])) == cfg
-    fused = {"RotaryEmbedding", "SkipSimplifiedLayerNormalization"}
+    fused = {"RotaryEmbedding", "SkipSimplifiedLayerNormalization", "GroupQueryAttention"}
     op_types = {node.op_type for node in proto.graph.node}
     assert fused <= op_types if props["ferry.flavour"] == "ort" else not fused & op_types
 

@@ -16,7 +16,17 @@ import numpy as np
 import onnx_ir as ir
 
 from ferry.errors import InvalidInputError
-from ferry.generate._graph_attention import Masks, Rope, apply_rope, attend, build_masks, build_rope
+from ferry.generate._graph_attention import (
+    FusedInputs,
+    Masks,
+    Rope,
+    apply_rope,
+    attend,
+    attend_fused,
+    build_fused_inputs,
+    build_masks,
+    build_rope,
+)
 from ferry.generate._graph_ops import MS_DOMAIN, OPSET, Builder
 from ferry.generate._graph_quant import Quantizer
 
@@ -103,6 +113,7 @@ def build_decoder(
     input_ids, attention_mask, position_ids = inputs
 
     masks = build_masks(b, input_ids, attention_mask, config)
+    fused = build_fused_inputs(b, attention_mask, masks) if b.fused else None
     rope = build_rope(b, position_ids, config)
     # gemma3's sliding layers rotate with their own base
     local_rope = (
@@ -130,6 +141,7 @@ def build_decoder(
             masks,
             rope,
             local_rope,
+            fused,
         )
         presents += [key, value]
 
@@ -219,6 +231,7 @@ def _layer(
     masks: Masks,
     rope: Rope,
     local_rope: Rope,
+    fused: FusedInputs | None,
 ) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
     """One pre-norm block (gemma adds post-norms) on hidden + delta; returns the residual, the
     feed-forward's branch still to add, and present k/v."""
@@ -227,19 +240,40 @@ def _layer(
     names = [p + "q", p + "k", p + "v"]
     projected = quant.linears(x, [weights[n] for n in names], p + "qkv", names)
     q, k, v = (
-        _heads(b, weights, config, n, y, heads)
+        _heads(b, weights, config, n, y, heads, flat=fused is not None)
         for n, y, heads in zip(
             names, projected, (config.num_heads, config.num_kv_heads, config.num_kv_heads)
         )
     )
     sliding = bool(config.sliding_pattern[i]) if i < len(config.sliding_pattern) else False
     layer_rope = local_rope if sliding else rope
+    if fused is not None:
+        q = apply_rope(b, q, layer_rope, config.num_heads)
+        k = apply_rope(b, k, layer_rope, config.num_kv_heads)
+        bias = fused.sliding_bias if sliding and fused.sliding_bias is not None else fused.bias
+        context, key, value = attend_fused(b, q, k, v, past_key, past_value, bias, fused, config)
+        return _feed_forward(b, quant, weights, config, p, hidden, context, key, value)
     q = apply_rope(b, q, layer_rope)
     k = apply_rope(b, k, layer_rope)
     key = b.op("Concat", [past_key, k], {"axis": 2})
     value = b.op("Concat", [past_value, v], {"axis": 2})
     mask = masks.sliding if sliding and masks.sliding is not None else masks.full
     context = attend(b, q, key, value, mask, config)
+    return _feed_forward(b, quant, weights, config, p, hidden, context, key, value)
+
+
+def _feed_forward(
+    b: Builder,
+    quant: Quantizer,
+    weights: WeightsLike,
+    config: DecoderConfig,
+    p: str,
+    hidden: ir.Value,
+    context: ir.Value,
+    key: ir.Value,
+    value: ir.Value,
+) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
+    """The attention output projection and the gated feed-forward of one block."""
     out = quant.linear(context, weights[p + "o"], p + "o")
     if p + "post_attn_norm" in weights:
         out = _norm(b, weights, config, p + "post_attn_norm", out)
@@ -266,13 +300,20 @@ def _heads(
     name: str,
     y: ir.Value,
     heads: int,
+    *,
+    flat: bool = False,
 ) -> ir.Value:
-    """A projected q/k/v (+ bias, + per-head RMSNorm) split into [B, heads, S, d]."""
+    """A projected q/k/v (+ bias, + per-head RMSNorm) split into [B, heads, S, d], or kept
+    [B, S, heads*d] when flat (GroupQueryAttention's layout)."""
     if name + "_bias" in weights:
         y = b.op("Add", [y, b.init(name + "_bias", weights[name + "_bias"].float())])
+    if flat and name + "_norm" not in weights:
+        return y
     y = b.op("Reshape", [y, b.ints([0, 0, heads, config.head_dim])])
     if name + "_norm" in weights:
         y = _norm(b, weights, config, name + "_norm", y)
+    if flat:
+        return b.op("Reshape", [y, b.ints([0, 0, heads * config.head_dim])])
     return b.op("Transpose", [y], {"perm": [0, 2, 1, 3]})
 
 

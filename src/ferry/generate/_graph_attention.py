@@ -132,15 +132,16 @@ def build_rope(
     return Rope(cos, sin, config.rope_interleaved, config.head_dim)
 
 
-def apply_rope(b: Builder, x: ir.Value, rope: Rope) -> ir.Value:
+def apply_rope(b: Builder, x: ir.Value, rope: Rope, heads: int = 0) -> ir.Value:
     """Rotate x [B, h, S, d]: pairs (2i, 2i+1) when interleaved, else halves (HF's rotate_half)."""
     d = rope.rotary_dim
     if rope.position_ids is not None:
+        # 3D [B, S, heads*d] (GroupQueryAttention's layout) needs num_heads; 4D does not
+        attrs = {"interleaved": int(rope.interleaved)}
+        if heads:
+            attrs["num_heads"] = heads
         return b.op(
-            "RotaryEmbedding",
-            [x, rope.position_ids, rope.cos, rope.sin],
-            {"interleaved": int(rope.interleaved)},
-            domain=MS_DOMAIN,
+            "RotaryEmbedding", [x, rope.position_ids, rope.cos, rope.sin], attrs, domain=MS_DOMAIN
         )
     if rope.interleaved:
         pairs = b.op("Reshape", [x, b.ints([0, 0, 0, d // 2, 2])])
@@ -187,3 +188,65 @@ def attend(
     context = b.op("Reshape", [context, b.ints([0, h, -1, d])])
     context = b.op("Transpose", [context], {"perm": [0, 2, 1, 3]})
     return b.op("Reshape", [context, b.ints([0, 0, h * d])])
+
+
+@dataclass(frozen=True)
+class FusedInputs:
+    """What onnxruntime's GroupQueryAttention reads besides q/k/v: every row's length counted in
+    slots (T - 1, pads included) and T, with padding, causality and windows left to an additive
+    bias [B, 1, S, T] built from the same masks as the standard form."""
+
+    seqlens_k: ir.Value
+    total: ir.Value
+    bias: ir.Value
+    sliding_bias: ir.Value | None
+
+
+def build_fused_inputs(b: Builder, attention_mask: ir.Value, masks: Masks) -> FusedInputs:
+    """GroupQueryAttention's lengths and biases, once for every layer.
+
+    Each row's length is the full slot count: left padding is then masked by the bias, not by
+    GroupQueryAttention's right-padding convention, so the optimum layout's masks carry over.
+    """
+    total = b.op("Squeeze", [b.op("Shape", [attention_mask], {"start": 1, "end": 2}), b.ints([0])])
+    batch = b.op("Shape", [attention_mask], {"start": 0, "end": 1})
+    last = b.op("Sub", [total, b.ints(1)])
+    seqlens = b.op("Cast", [b.op("Expand", [last, batch])], {"to": ir.DataType.INT32})
+    total32 = b.op("Cast", [total], {"to": ir.DataType.INT32})
+
+    def bias(mask: ir.Value) -> ir.Value:
+        four = b.op("Squeeze", [mask, b.ints([1])])  # [B, 1, S, T]
+        return b.op("Where", [four, b.const(0.0), b.const(np.finfo(np.float32).min)])
+
+    sliding = bias(masks.sliding) if masks.sliding is not None else None
+    return FusedInputs(seqlens, total32, bias(masks.full), sliding)
+
+
+def attend_fused(
+    b: Builder,
+    q: ir.Value,
+    k: ir.Value,
+    v: ir.Value,
+    past_key: ir.Value,
+    past_value: ir.Value,
+    bias: ir.Value,
+    fused: FusedInputs,
+    config: DecoderConfig,
+) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """onnxruntime's GroupQueryAttention on rotated q [B, S, h*d], k, v [B, S, kv*d] and the past
+    [B, kv, P, d]: the context [B, S, h*d] and present key/value [B, kv, T, d]."""
+    attrs: dict[str, int | float] = {
+        "num_heads": config.num_heads,
+        "kv_num_heads": config.num_kv_heads,
+        "scale": float(config.query_scale),
+    }
+    if config.attn_softcap:
+        attrs["softcap"] = float(config.attn_softcap)
+    out, key, value = b.ops(
+        "GroupQueryAttention",
+        [q, k, v, past_key, past_value, fused.seqlens_k, fused.total, None, None, None, bias],
+        attrs,
+        num_outputs=3,
+        domain=MS_DOMAIN,
+    )
+    return out, key, value
