@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -149,3 +150,29 @@ def test_unknown_precision_and_flavour_are_refused() -> None:
         build_decoder(cfg, make_weights(cfg), precision="int3")
     with pytest.raises(InvalidInputError, match="flavour"):
         build_decoder(cfg, make_weights(cfg), flavour="tensorrt")
+
+
+@pytest.mark.parametrize("flavour", ["standard", "ort"])
+def test_int4_runs_on_openvino(flavour: str, tmp_path: Any) -> None:
+    """OpenVINO reads MatMulNBits (and the ort flavour's fused operators) too; without its
+    dynamic activation quantization it computes the same values."""
+    ov = pytest.importorskip("openvino")
+    cfg = CONFIGS["llama_gqa"]
+    weights = as_blocks(make_weights(cfg), "Q4_1")
+    path = tmp_path / "decoder.onnx"
+    model = build_decoder(cfg, weights, precision="int4", flavour=flavour)
+    path.write_bytes(ir.serde.serialize_model(model).SerializeToString())
+    options = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}
+    compiled = ov.Core().compile_model(str(path), "CPU", options)
+    n = len(IDS)
+    feeds: dict[str, np.ndarray] = {
+        "input_ids": IDS[None],
+        "attention_mask": np.ones((1, n), np.int64),
+        "position_ids": np.arange(n, dtype=np.int64)[None],
+    }
+    empty = np.zeros((1, cfg.num_kv_heads, 0, cfg.head_dim), np.float32)
+    for i in range(cfg.num_layers):
+        feeds[f"past_key_values.{i}.key"] = feeds[f"past_key_values.{i}.value"] = empty
+    got = compiled(feeds)[compiled.output("logits")][0]
+    want = logits_of(build_decoder(cfg, weights), cfg)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
