@@ -98,7 +98,7 @@ def build_decoder(
         )
     b = Builder(fused=flavour == "ort")
     quant = Quantizer(b, precision, accuracy_level)
-    kv_shape = ["batch", config.num_kv_heads, "past_sequence", config.head_dim]
+    kv_shape: list[int | str] = ["batch", config.num_kv_heads, "past_sequence", config.head_dim]
     inputs = [
         ir.val("input_ids", ir.DataType.INT64, ir.Shape(["batch", "sequence"])),
         ir.val("attention_mask", ir.DataType.INT64, ir.Shape(["batch", "total_sequence"])),

@@ -58,7 +58,8 @@ class _Plan:
         """Plans of one kind stacked along the outputs."""
         first = plans[0]
         if first.float_t is not None:
-            return _Plan(float_t=np.concatenate([p.float_t for p in plans], axis=1))  # type: ignore[misc]
+            mats = [p.float_t for p in plans if p.float_t is not None]
+            return _Plan(float_t=np.concatenate(mats, axis=1))
 
         def stack(field: str) -> np.ndarray | None:
             parts = [getattr(p, field) for p in plans]
