@@ -300,6 +300,21 @@ def test_token_steps_through_past_match_prompt(case: Any) -> None:
     np.testing.assert_allclose(np.concatenate(steps), full, rtol=1e-4, atol=1e-4)
 
 
+def test_chunks_through_past_match_prompt(case: Any) -> None:
+    """Several new tokens on top of a past (chunked prefill) mask causally by slot."""
+    cfg, _, model = case
+    run = Runner(model, cfg)
+    full = run.prompt(IDS)
+    logits, past = run(IDS[None, :4], np.ones((1, 4)), np.arange(4)[None], run.empty_past(1))
+    chunks = [logits[0]]
+    for start, stop in ((4, 7), (7, len(IDS))):
+        logits, past = run(
+            IDS[None, start:stop], np.ones((1, stop)), np.arange(start, stop)[None], past
+        )
+        chunks.append(logits[0])
+    np.testing.assert_allclose(np.concatenate(chunks), full, rtol=1e-4, atol=1e-4)
+
+
 def test_left_padded_batch_matches_rows_alone(case: Any) -> None:
     cfg, _, model = case
     run = Runner(model, cfg)
