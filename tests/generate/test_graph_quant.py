@@ -176,3 +176,18 @@ def test_int4_runs_on_openvino(flavour: str, tmp_path: Any) -> None:
     got = compiled(feeds)[compiled.output("logits")][0]
     want = logits_of(build_decoder(cfg, weights), cfg)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0"])
+def test_ort_flavour_gathers_the_embedding_from_its_blocks(kind: str) -> None:
+    cfg = CONFIGS["qwen2_bias"]  # tied: the head reads the same blocks through MatMulNBits
+    weights = as_blocks(make_weights(cfg), kind)
+    precision = "int8" if kind == "Q8_0" else "int4"
+    model = build_decoder(cfg, weights, precision=precision, flavour="ort")
+    assert "GatherBlockQuantized" in ops(model) and "Gather" not in ops(model)
+    assert "embed" not in {init for init in model.graph.initializers}
+    standard = build_decoder(cfg, weights, precision=precision, flavour="standard")
+    assert "Gather" in ops(standard)
+    np.testing.assert_allclose(
+        logits_of(model, cfg), logits_of(standard, cfg), rtol=1e-4, atol=1e-4
+    )

@@ -119,9 +119,13 @@ def build_decoder(
     local_rope = (
         build_rope(b, position_ids, config, local=True) if config.rope_local_theta else rope
     )
-    embed = weights["embed"].float()
-    embed_value = b.init("embed", embed)
-    hidden = b.op("Gather", [embed_value, input_ids])
+    # the float table, unless the embedding gathers from its quantized blocks (then only
+    # quantized builds, whose head never reads the float table)
+    hidden = quant.embedding(input_ids, weights["embed"])
+    embed_value = None
+    if hidden is None:
+        embed_value = b.init("embed", weights["embed"].float())
+        hidden = b.op("Gather", [embed_value, input_ids])
     if config.embedding_scale != 1.0:
         hidden = b.op("Mul", [hidden, b.const(config.embedding_scale)])
 
@@ -323,7 +327,7 @@ def _lm_head(
     weights: WeightsLike,
     config: DecoderConfig,
     hidden: ir.Value,
-    embed_value: ir.Value,
+    embed_value: ir.Value | None,
 ) -> ir.Value:
     """The output projection; tied to the embedding, it reads the same initializer (fp32)."""
     tied = "lm_head" not in weights
@@ -333,7 +337,7 @@ def _lm_head(
     # Gemm with transB reads the (vocab, hidden) matrix as stored: no transposed copy, and a
     # tied head shares the embedding's initializer.
     flat = b.op("Reshape", [hidden, b.ints([-1, config.hidden_size])])
-    weight = embed_value if tied else b.init("lm_head", source.float())
+    weight = embed_value if tied and embed_value is not None else b.init("lm_head", source.float())
     logits = b.op("Gemm", [flat, weight], {"transB": 1})
     out_shape = b.op(
         "Concat",

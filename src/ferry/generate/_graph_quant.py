@@ -143,6 +143,30 @@ class Quantizer:
         shift = b.op("MatMul", [self.block_sums(x, k), b.init(name + ".mins", plan.mins.T)])
         return b.op("Add", [y, shift])
 
+    def embedding(self, ids: ir.Value, weight: Any) -> ir.Value | None:
+        """The token embedding as onnxruntime's GatherBlockQuantized when the source stores it
+        in integer-zero-point blocks (Q8_0, Q4_0): a quarter of the float table's memory, the
+        same values. None where it does not apply (the caller gathers floats)."""
+        blocks = weight.blocks() if self.quantized and self.b.fused else None
+        if blocks is None or blocks.mins is not None or blocks.bits not in (4, 8):
+            return None
+        codes, scales, zeros, _ = _from_blocks(blocks)
+        rows = codes.shape[0]
+        bits = int(blocks.bits)
+        data = codes if bits == 8 else pack_codes(codes, 4).reshape(rows, -1)
+        b = self.b
+        return b.op(
+            "GatherBlockQuantized",
+            [
+                b.init("embed.qweight", data),
+                ids,
+                b.init("embed.scales", scales),
+                b.init("embed.zero_points", pack_zero_points(zeros, bits).reshape(rows, -1)),
+            ],
+            {"gather_axis": 0, "quantize_axis": 1, "block_size": BLOCK, "bits": bits},
+            domain=MS_DOMAIN,
+        )
+
     def block_sums(self, x: ir.Value, k: int) -> ir.Value:
         """x [..., K] summed over each block of 32 -> [..., K/32].
 
