@@ -16,6 +16,7 @@ import ferry
 from ferry.cli.main import cli
 from ferry.errors import InvalidInputError, ModelLoadError
 from ferry.generate._convert import convert_decoder, decoder_source_kind
+from ferry.generate._loop import DecoderSession
 from gguf_files import llama_permute, tiny_llama, write_gguf, write_hf_folder
 
 TEMPLATE = (
@@ -112,7 +113,7 @@ def test_gguf_default_keeps_q4_0_blocks_as_stored(source: Any, tmp_path: Path) -
     folder = convert_decoder(path, tmp_path / "out")
     section = json.loads((folder / "ferry.json").read_text())["generative"]
     assert section["precision"] == "int4"
-    assert section["accuracy_level"] == 4
+    assert section["accuracy_level"] == 0
     # 2 layers x 7 projections as stored; the F32 embedding, as output head, rounded per block
     assert section["weights"] == {"int4 (Q4_0 as stored)": 14, "int4 (rounded from F32)": 1}
     assert list(section["requantization"]) == ["lm_head"]
@@ -122,6 +123,7 @@ def test_gguf_default_keeps_q4_0_blocks_as_stored(source: Any, tmp_path: Path) -
     generation = json.loads((folder / "generation_config.json").read_text())
     assert generation["eos_token_id"] == [2] and generation["max_length"] == 512
     decoder = ferry.load(folder)
+    assert isinstance(decoder, DecoderSession)
     out = decoder.generate(messages=[{"role": "user", "content": "hi"}], max_new_tokens=5)
     assert out.prompt_tokens > 5 and 1 <= len(out.ids) <= 5
 
@@ -221,3 +223,18 @@ def test_cli_errors(source: Any, tmp_path: Path) -> None:
     assert "--opset" in said
     assert "truncated or corrupt" in one_error_line(run("info", str(truncated)))
     assert not (tmp_path / "m").exists()
+
+
+def test_cli_flavour_and_accuracy_level(source: Any, tmp_path: Path) -> None:
+    path, _, _ = source
+    out = tmp_path / "std"
+    args = ["--flavour", "standard", "--accuracy-level", "4", "--no-verify"]
+    result = run("convert", str(path), "-o", str(out), *args)
+    assert result.exit_code == 0, result.output
+    section = json.loads((out / "ferry.json").read_text())["generative"]
+    assert section["flavour"] == "standard" and section["accuracy_level"] == 4
+    assert "verified" not in section
+    onnx_file = tmp_path / "plain.onnx"
+    onnx_file.write_bytes(b"not a model")
+    said = one_error_line(run("convert", str(onnx_file), "-o", "y.onnx", "--precision", "int4"))
+    assert "apply to decoders" in said

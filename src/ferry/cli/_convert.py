@@ -84,6 +84,20 @@ if TYPE_CHECKING:
     help="Decoders (GGUF, Hugging Face *ForCausalLM folder) only: weight precision. Default: "
     "as the source stores them (a Q4_1 GGUF stays int4, blocks as stored; float checkpoints fp32).",
 )
+@click.option(
+    "--flavour",
+    type=click.Choice(["ort", "standard"]),
+    default=None,
+    help="Decoders only: 'ort' (default: onnxruntime's fused contrib operators) or 'standard' "
+    "(plain ONNX ops, for OpenVINO and other engines).",
+)
+@click.option(
+    "--accuracy-level",
+    type=click.IntRange(0, 4),
+    default=None,
+    help="Quantized decoders: MatMulNBits' accuracy_level. 0 (default): float activations, "
+    "exactly the stored weights; 4: int8 activations per block as llama.cpp, faster.",
+)
 def command(
     source: Path,
     output: Path,
@@ -97,6 +111,8 @@ def command(
     external_data: bool | None,
     report: str | None,
     precision: str | None,
+    flavour: str | None,
+    accuracy_level: int | None,
 ) -> None:
     """Convert SOURCE to an ONNX file OUTPUT and check it computes what SOURCE does.
 
@@ -143,11 +159,19 @@ def command(
             )
         from ferry.cli._convert_decoder import convert_decoder_command
 
-        convert_decoder_command(source, output, precision=precision, verify=verify)
+        convert_decoder_command(
+            source,
+            output,
+            precision=precision,
+            flavour=flavour or "ort",
+            accuracy_level=accuracy_level,
+            verify=verify,
+        )
         return
-    if precision is not None:
+    if precision is not None or accuracy_level is not None or flavour is not None:
         raise InvalidInputError(
-            "--precision applies to decoders (a GGUF file or *ForCausalLM folder)"
+            "--precision, --flavour and --accuracy-level apply to decoders (a GGUF file or a "
+            "*ForCausalLM folder)"
         )
 
     if output.exists() and source.exists() and output.resolve() == source.resolve():

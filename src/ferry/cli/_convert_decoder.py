@@ -21,13 +21,26 @@ _TEMPLATE_LINES = 6
 
 
 def convert_decoder_command(
-    source: Path, output: Path, *, precision: str | None, verify: bool
+    source: Path,
+    output: Path,
+    *,
+    precision: str | None,
+    flavour: str = "ort",
+    accuracy_level: int | None = None,
+    verify: bool = True,
 ) -> None:
     """``ferry convert SOURCE -o FOLDER`` for a decoder: build, write, print the summary."""
     from ferry.generate._convert import convert_decoder
     from ferry.generate._describe import describe_decoder
 
-    folder = convert_decoder(source, output, precision=precision, verify=verify)
+    folder = convert_decoder(
+        source,
+        output,
+        precision=precision,
+        flavour=flavour,
+        accuracy_level=accuracy_level,
+        verify=verify,
+    )
     summary = describe_decoder(folder)
     console.print(f"converted {escape(str(source))} to a generative decoder")
     print_decoder_summary(summary, template=False)

@@ -90,13 +90,15 @@ def convert_decoder(
         out_dir: The folder to write (replaced whole, only once everything is built).
         precision: "int4", "int8" or "fp32" (dequantized). None: :func:`default_precision`, i.e.
             a Q4_1 GGUF stays int4 with its blocks as stored (the Q8_0 embedding, as output
-            head, stays 8-bit), a float checkpoint stays fp32. K-quants and float weights asked
+            head, stays 8-bit): the weights llama.cpp multiplies, no second rounding, a float checkpoint stays fp32. K-quants and float weights asked
             for int4/int8 are rounded per block of 32; the error is in the report.
         flavour: "ort" (onnxruntime's contrib operators) or "standard" (plain ONNX).
-        accuracy_level: MatMulNBits' accuracy_level for int4/int8 builds. None: 4, int8
-            activations per block, as llama.cpp's CPU dot products quantize them (Q8_1 for
-            Q4_1 weights); 0 multiplies float activations (exact against the dequantized
-            weights, slower).
+        accuracy_level: MatMulNBits' accuracy_level for int4/int8 builds. None: 0, float
+            activations times the stored blocks: exactly the GGUF's weights, so the int4 build
+            follows the fp32 (dequantized) build (on the kit's SmolLM2: 378 of 442 greedy tokens
+            before any divergence). 4 quantizes activations to int8 per block as llama.cpp's CPU
+            dot products do (Q8_1 against Q4_1), faster, but further from the float model
+            (219 of 442); the peers benchmark decides it against llama.cpp itself.
         verify: Run the built graph once before writing: a 9-token prompt must give finite
             logits of shape [1, 9, vocab], and the last token fed as one step on the first
             eight's key/value cache must give the same logits (cosine >= 0.999) -- a check that
@@ -136,7 +138,7 @@ def convert_decoder(
         )
     chosen = precision or default_precision(weights)
     quantized = chosen in ("int4", "int8")
-    level = (4 if accuracy_level is None else accuracy_level) if quantized else 0
+    level = (accuracy_level or 0) if quantized else 0
     model = build_decoder(config, weights, precision=chosen, flavour=flavour, accuracy_level=level)
     report: dict[str, Any] = {
         "parameters": parameter_count(weights),
