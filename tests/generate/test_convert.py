@@ -146,6 +146,9 @@ def test_fp32_from_gguf_and_from_the_hf_folder_agree(source: Any, tmp_path: Path
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
     generation = json.loads((from_hf / "generation_config.json").read_text())
     assert generation["eos_token_id"] == [2, 0]
+    result = run("convert", str(hf), "-o", str(tmp_path / "c"), "--no-verify")
+    assert result.exit_code == 0, result.output
+    assert "architecture: llama   layers: 2" in result.output and "precision: fp32" in result.output
     assert json.loads((from_hf / "tokenizer_config.json").read_text())["chat_template"] == TEMPLATE
 
 
