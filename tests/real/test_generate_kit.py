@@ -189,21 +189,3 @@ def test_int4_build_follows_fp32_step_by_step(runs: dict[str, Any]) -> None:
     print(f"\nint4 vs fp32, teacher-forced: {same}/{total} next tokens; min cosine {worst:.6f}")
     assert same >= 0.97 * total
     assert worst >= 0.998
-
-
-@pytest.mark.xfail(
-    reason="free-running greedy: 378/442 (85.5%) measured, every divergence a real one (no "
-    "near-tie by the 0.1% rule) but close calls, as for 'What is the capital of France?' (fp32's "
-    "first token 'The' at 25.33, the next at 25.24: int4 answers 'L'Etoile...'); "
-    "the tied Q8_0 head runs with int8 activations (onnxruntime 1.32 has no float-activation "
-    "8-bit kernel). The issue's int4 criterion is against llama.cpp (peers benchmark).",
-    strict=False,
-)
-def test_int4_build_agrees_with_fp32(runs: dict[str, Any]) -> None:
-    agree = total = strict = 0
-    for prompt, fp32, int4 in zip(runs["prompts"], runs["fp32"], runs["int4"], strict=True):
-        logits = forced_logits(runs["folders"]["fp32"], prompt, fp32)
-        count, first = agreeing(fp32, int4, logits)
-        agree, total, strict = agree + count, total + len(fp32), strict + first
-    print(f"\nint4 build vs fp32 build: {agree}/{total} tokens agree ({strict} strictly)")
-    assert agree >= 0.90 * total

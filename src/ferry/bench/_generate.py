@@ -324,7 +324,7 @@ def measure_safely(job: dict[str, Any]) -> dict[str, Any]:
 def measure_job(job: dict[str, Any]) -> dict[str, Any]:
     """Load the artifact on one engine and time its generations (the worker's ``generate``
     mode; keys as the configuration's in the module docstring)."""
-    from ferry.bench._worker import peak_rss_mb
+    from ferry.bench._device import peak_rss_mb
     from ferry.generate._loop import DecoderSession, Generation, TokenEvent
 
     n, m = int(job["prompt_tokens"]), int(job["new_tokens"])

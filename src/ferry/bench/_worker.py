@@ -33,29 +33,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from ferry.bench._device import proc_mb
+from ferry.bench._device import peak_rss_mb
 
-__all__ = ["main", "peak_rss_mb"]
-
-
-def peak_rss_mb() -> float | None:
-    """This process's resident-set high-water mark in MiB (None where the OS does not say).
-
-    Linux and Android: ``VmHWM`` from ``/proc/self/status``, the high-water mark of this
-    process's own memory map. Not ``ru_maxrss``: Linux carries it over ``fork`` + ``exec``, so a
-    child started by a big parent reports the parent's peak (measured here: a child of a 400 MiB
-    process said 407 MiB by ``ru_maxrss``, 10 MiB by ``VmHWM``). Elsewhere ``ru_maxrss``.
-    """
-    peak = proc_mb("/proc/self/status", "VmHWM")
-    if peak is not None:
-        return peak
-    try:
-        import resource
-    except ImportError:  # Windows
-        return None
-    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    # macOS counts bytes, the BSDs KiB.
-    return round(maxrss / (1 << 20 if sys.platform == "darwin" else 1 << 10), 1)
+__all__ = ["main"]
 
 
 def _measure(job: dict[str, Any]) -> dict[str, Any]:

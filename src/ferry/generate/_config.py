@@ -26,6 +26,9 @@ _GGUF_PERMUTED = frozenset({"llama", "mistral"})
 _GEMMA = frozenset({"gemma2", "gemma3"})
 
 
+__all__ = ["SUPPORTED_ARCHITECTURES", "DecoderConfig"]
+
+
 @dataclass(frozen=True)
 class DecoderConfig:
     """What the decoder graph needs to know about a model.
