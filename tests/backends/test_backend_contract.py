@@ -33,6 +33,7 @@ DEFAULTS = {
     "computes_shapes": False,
     "simulated": False,
     "engine_cache": None,
+    "op_domains": frozenset(),
 }
 
 
@@ -166,6 +167,14 @@ ENGINES: dict[str, dict[str, Any]] = {
         "ranked_inputs": False,
         "computes_shapes": False,
         "engine_cache": False,  # was special-cased by name in runtime/_cache.py and the bench
+        "op_domains": frozenset(
+            {
+                "com.microsoft",
+                "com.microsoft.nchwc",
+                "com.ms.internal.nhwc",
+                "ai.onnx.preview.training",
+            }
+        ),  # was special-cased by name in bench/_generate.py
         "option_keys": frozenset({"device", "providers"}),
         "whole_model": False,
     },

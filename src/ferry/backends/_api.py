@@ -88,6 +88,8 @@ class Backend(Protocol):
     #: builds from the model every time (ONNX Runtime), None when not known in advance (an
     #: empty ``serialize()`` then says so).
     engine_cache: bool | None
+    #: The operator domains it runs besides ONNX's own (``com.microsoft`` for ONNX Runtime).
+    op_domains: frozenset[str]
 
     @property
     def install_hint(self) -> str:

@@ -105,6 +105,8 @@ class BackendBase:
         engine_cache: whether compiled partitions are worth storing: False for an engine that
             builds from the model every time (nothing is hashed), True to always store, None
             (the default) to find out from the first ``serialize()`` (empty: nothing to store).
+        op_domains: the operator domains it runs besides ONNX's own (ONNX Runtime:
+            ``com.microsoft``...); a model using another domain is not for it.
     """
 
     name: str
@@ -119,6 +121,7 @@ class BackendBase:
     computes_shapes: bool = False
     simulated: bool = False
     engine_cache: bool | None = None
+    op_domains: frozenset[str] = frozenset()
 
     @property
     def install_hint(self) -> str:

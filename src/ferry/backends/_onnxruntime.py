@@ -108,6 +108,7 @@ class OnnxRuntimeBackend(BackendBase):
     option_keys = frozenset({"device", "providers"})
     #: It builds its session from the model every time: nothing to store in the engine cache.
     engine_cache = False
+    op_domains = frozenset(_ORT_DOMAINS)
 
     def rules(self) -> Sequence[OpRule]:
         return rules()

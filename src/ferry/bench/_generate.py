@@ -56,6 +56,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ferry.backends import get_backend
 from ferry.bench._spec import _AUTO, BenchSpec, Progress, Target, resolve_targets
 from ferry.errors import FerryError, InvalidInputError
 
@@ -215,10 +216,11 @@ def run_generate_bench(
     for i, target in enumerate(targets):
         report(f"generating: {target.label}", i, len(targets))
         skipped = None
-        if target.error is None and target.backend != "onnxruntime" and domains:
+        if target.error is None and not set(domains) <= get_backend(target.backend).op_domains:
             skipped = (
-                f"the graph holds ONNX Runtime contrib ops ({ops}), which {target.backend} "
-                f"does not run; convert with --precision fp32 (standard ops) to measure it"
+                f"the graph holds ops of other domains than ONNX's ({ops}), which "
+                f"{target.backend} does not run; convert with --precision fp32 --flavour "
+                "standard (standard ops) to measure it"
             )
         out: dict[str, Any] = {}
         if target.error is None and skipped is None:
