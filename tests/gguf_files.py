@@ -142,32 +142,46 @@ def tiny_llama(
     return config, tensors
 
 
-def llama_gguf_from_hf(path: Path, config: dict[str, Any], tensors: dict[str, np.ndarray]) -> Path:
-    """The GGUF llama.cpp's converter would write for this llama checkpoint (q/k permuted, F32)."""
+#: A Hugging Face llama layer's tensor -> its GGUF name (llama.cpp's converter).
+HF_TO_GGUF = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def gguf_tensors_from_hf(
+    config: dict[str, Any], tensors: dict[str, np.ndarray], matrix_type: str | None = None
+) -> dict[str, np.ndarray | tuple[np.ndarray, str]]:
+    """A llama checkpoint's tensors under their GGUF names, q/k permuted as llama.cpp's converter
+    does, the projections stored as ``matrix_type`` (None: F32)."""
     heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
     out: dict[str, np.ndarray | tuple[np.ndarray, str]] = {
         "token_embd.weight": tensors["model.embed_tokens.weight"],
         "output_norm.weight": tensors["model.norm.weight"],
     }
-    names = {
-        "input_layernorm": "attn_norm",
-        "self_attn.q_proj": "attn_q",
-        "self_attn.k_proj": "attn_k",
-        "self_attn.v_proj": "attn_v",
-        "self_attn.o_proj": "attn_output",
-        "post_attention_layernorm": "ffn_norm",
-        "mlp.gate_proj": "ffn_gate",
-        "mlp.up_proj": "ffn_up",
-        "mlp.down_proj": "ffn_down",
-    }
     for i in range(config["num_hidden_layers"]):
-        for hf, gg in names.items():
+        for hf, gg in HF_TO_GGUF.items():
             w = tensors[f"model.layers.{i}.{hf}.weight"]
             if gg == "attn_q":
                 w = llama_permute(w, heads)
             elif gg == "attn_k":
                 w = llama_permute(w, kv)
-            out[f"blk.{i}.{gg}.weight"] = w
+            matrix = "norm" not in gg
+            out[f"blk.{i}.{gg}.weight"] = (w, matrix_type) if matrix and matrix_type else w
+    return out
+
+
+def llama_gguf_from_hf(path: Path, config: dict[str, Any], tensors: dict[str, np.ndarray]) -> Path:
+    """The GGUF llama.cpp's converter would write for this llama checkpoint (q/k permuted, F32)."""
+    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+    out = gguf_tensors_from_hf(config, tensors)
     arch = "llama"
     metadata = {
         f"{arch}.block_count": config["num_hidden_layers"],

@@ -17,23 +17,12 @@ from ferry.cli.main import cli
 from ferry.errors import InvalidInputError, ModelLoadError
 from ferry.generate._convert import convert_decoder, decoder_source_kind
 from ferry.generate._loop import DecoderSession
-from gguf_files import llama_permute, tiny_llama, write_gguf, write_hf_folder
+from gguf_files import gguf_tensors_from_hf, tiny_llama, write_gguf, write_hf_folder
 
 TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-_NAMES = {
-    "input_layernorm": "attn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "post_attention_layernorm": "ffn_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
 
 
 def vocabulary(size: int) -> list[str]:
@@ -49,17 +38,7 @@ def tiny_gguf(
     as ``matrix_type`` (None: F32), with a byte-level vocabulary and a ChatML template."""
     config, tensors = tiny_llama()
     heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
-    out: dict[str, Any] = {
-        "token_embd.weight": tensors["model.embed_tokens.weight"],
-        "output_norm.weight": tensors["model.norm.weight"],
-    }
-    for i in range(config["num_hidden_layers"]):
-        for hf, gg in _NAMES.items():
-            w = tensors[f"model.layers.{i}.{hf}.weight"]
-            w = llama_permute(w, heads) if gg == "attn_q" else w
-            w = llama_permute(w, kv) if gg == "attn_k" else w
-            matrix = "norm" not in gg
-            out[f"blk.{i}.{gg}.weight"] = (w, matrix_type) if matrix and matrix_type else w
+    out: dict[str, Any] = gguf_tensors_from_hf(config, tensors, matrix_type)
     tokens = vocabulary(config["vocab_size"])
     metadata: dict[str, Any] = {
         f"{arch}.block_count": config["num_hidden_layers"],
