@@ -1,6 +1,7 @@
-"""A GGUF file or a Hugging Face checkpoint folder to a generative artifact folder: config and
-weights read, the decoder graph built, checked once, and written with its tokenizer, chat template
-and generation defaults (``ferry convert model.gguf -o folder/``).
+"""A GGUF file, a Hugging Face checkpoint folder or an existing ONNX decoder folder (optimum,
+ONNX Runtime GenAI) to a generative artifact folder: config and weights read and the decoder graph
+built (an ONNX decoder taken as stored, its I/O renamed to ferry's), checked once, and written
+with its tokenizer, chat template and generation defaults (``ferry convert model.gguf -o out/``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     import onnx_ir as ir
 
     from ferry.generate._config import DecoderConfig
+    from ferry.generate._onnx_source import DecoderIO
     from ferry.generate._weights import DecoderWeights
 
 __all__ = ["DECODER_PRECISIONS", "convert_decoder", "decoder_source_kind", "default_precision"]
@@ -33,12 +35,16 @@ _FLOAT_TYPES = {"F32", "F16", "BF16", "F64"}
 _EIGHT_BIT = {"Q8_0", "Q8_1", "Q8_K", "Q6_K", "Q5_0", "Q5_1", "Q5_K"}
 # Tokens the built graph is checked on (any ids below the vocabulary size do).
 _CHECK_IDS = (1, 2, 3, 5, 8, 13, 21, 34, 55)
+_SAFETENSORS_INDEX = "model.safetensors.index.json"
 
 
 def decoder_source_kind(source: str | os.PathLike[str]) -> str | None:
     """ "gguf" for a GGUF file (its magic, or a ``.gguf`` name, so a corrupt one is reported as
-    such), "hf" for a folder whose ``config.json`` names a ``*ForCausalLM`` architecture, else
-    None."""
+    such); "onnx-genai" / "onnx-optimum" for an ONNX decoder folder (``onnx_decoder_kind``);
+    "hf" for a folder whose ``config.json`` names a ``*ForCausalLM`` architecture (with
+    safetensors, or with no model at all: refused then, saying so); else None."""
+    from ferry.generate._onnx_source import onnx_decoder_kind
+
     path = Path(source)
     if path.is_file():
         if path.suffix.lower() == ".gguf":
@@ -48,6 +54,9 @@ def decoder_source_kind(source: str | os.PathLike[str]) -> str | None:
                 return "gguf" if f.read(4) == _GGUF_MAGIC else None
         except OSError:
             return None
+    onnx_kind = onnx_decoder_kind(path)
+    if onnx_kind is not None and not any(path.glob("*.safetensors")):
+        return onnx_kind
     config = path / "config.json"
     if path.is_dir() and config.is_file():
         try:
@@ -84,9 +93,13 @@ def convert_decoder(
     """Build the generative artifact folder ``out_dir`` from a GGUF file or a Hugging Face folder.
 
     Args:
-        source: A ``.gguf`` file, or a folder with ``config.json`` (a ``*ForCausalLM``),
+        source: A ``.gguf`` file; a folder with ``config.json`` (a ``*ForCausalLM``),
             ``*.safetensors`` and ``tokenizer.json`` (+ ``tokenizer_config.json``,
-            ``generation_config.json``).
+            ``generation_config.json``); or an ONNX decoder with past key/values: an optimum
+            export (``model.onnx`` or ``decoder_model_merged.onnx``, ``config.json``) or an ONNX
+            Runtime GenAI folder (``genai_config.json``), with ``tokenizer.json``. An ONNX
+            decoder is taken as stored: ``precision``, ``flavour`` and ``accuracy_level`` are
+            refused, and only its I/O names change (to the optimum ones ferry's loop feeds).
         out_dir: The folder to write (replaced whole, only once everything is built).
         precision: "int4", "int8" or "fp32" (dequantized). None: :func:`default_precision`, i.e.
             a Q4_1 GGUF stays int4 with its blocks as stored (the Q8_0 embedding, as output
@@ -109,14 +122,29 @@ def convert_decoder(
         The folder.
 
     Raises:
-        ModelLoadError: The source is missing, corrupt or truncated.
-        InvalidInputError: An unsupported architecture, precision or flavour.
+        ModelLoadError: The source is missing, corrupt or truncated; an ONNX graph that is not a
+            decoder with past key/values (the message names the missing input or output).
+        InvalidInputError: An unsupported architecture, precision or flavour; build options
+            for an ONNX decoder; ``out_dir`` the source itself.
         ConversionError: The built graph fails its check (nothing is written).
     """
     from ferry.generate._artifact import write_decoder_artifact
     from ferry.generate._graph import FLAVOURS, build_decoder
+    from ferry.generate._onnx_source import ONNX_KINDS
 
     path = Path(source)
+    kind = decoder_source_kind(path)
+    if kind is None:
+        if not path.exists():
+            raise ModelLoadError(f"{path}: no such file or folder")
+        raise InvalidInputError(
+            f"{path} is neither a GGUF file, a Hugging Face folder whose config.json names a "
+            "*ForCausalLM architecture, nor an ONNX decoder folder (optimum, ONNX Runtime GenAI)"
+        )
+    if Path(out_dir).exists() and Path(out_dir).resolve() == path.resolve():
+        raise InvalidInputError(f"refusing to replace the source {path}; choose another output")
+    if kind in ONNX_KINDS:
+        return _convert_onnx(path, kind, out_dir, precision, flavour, accuracy_level, verify)
     if precision is not None and precision not in DECODER_PRECISIONS:
         raise InvalidInputError(
             f"precision {precision!r} is not one of {', '.join(DECODER_PRECISIONS)}"
@@ -124,18 +152,7 @@ def convert_decoder(
         )
     if flavour not in FLAVOURS:
         raise InvalidInputError(f"flavour {flavour!r} is not one of {', '.join(FLAVOURS)}")
-    kind = decoder_source_kind(path)
-    if kind == "gguf":
-        config, weights, files = _from_gguf(path)
-    elif kind == "hf":
-        config, weights, files = _from_hf(path)
-    elif not path.exists():
-        raise ModelLoadError(f"{path}: no such file or folder")
-    else:
-        raise InvalidInputError(
-            f"{path} is neither a GGUF file nor a Hugging Face folder whose config.json names a "
-            "*ForCausalLM architecture"
-        )
+    config, weights, files = _from_gguf(path) if kind == "gguf" else _from_hf(path)
     chosen = precision or default_precision(weights)
     quantized = chosen in ("int4", "int8")
     level = (accuracy_level or 0) if quantized else 0
@@ -146,11 +163,12 @@ def convert_decoder(
         "weights": weight_mix(weights, chosen),
         "flavour": flavour,
         "requantization": json.loads(model.metadata_props.get("ferry.requantization", "{}")),
+        "source_kind": kind,
     }
     if quantized:
         report["accuracy_level"] = level
     if verify:
-        report["verified"] = _check_runs(model, config)
+        report["verified"] = _check_runs(model, _io_of(config))
     return write_decoder_artifact(
         out_dir,
         model=model,
@@ -220,6 +238,11 @@ def _from_hf(folder: Path) -> tuple[DecoderConfig, DecoderWeights, Any]:
         config_json = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"{folder / 'config.json'}: {e}") from None
+    if not any(folder.glob("*.safetensors")) and not (folder / _SAFETENSORS_INDEX).is_file():
+        raise ModelLoadError(
+            f"{folder} holds no model: no *.safetensors (a Hugging Face checkpoint) and no "
+            "model.onnx or decoder_model_merged.onnx (an optimum export)"
+        )
     config = DecoderConfig.from_hf(config_json)
     weights = DecoderWeights.from_hf(read_safetensors(folder), config)
     files = load_decoder_files(folder)
@@ -233,9 +256,74 @@ def _from_hf(folder: Path) -> tuple[DecoderConfig, DecoderWeights, Any]:
     return config, weights, files._replace(generation_config=generation)
 
 
-def _check_runs(model: ir.Model, config: DecoderConfig) -> str:
+def _convert_onnx(
+    path: Path,
+    kind: str,
+    out_dir: str | os.PathLike[str],
+    precision: str | None,
+    flavour: str,
+    accuracy_level: int | None,
+    verify: bool,
+) -> Path:
+    """``convert_decoder`` for an optimum or GenAI folder: the graph as stored, renamed,
+    checked, written."""
+    from ferry.generate._artifact import write_decoder_artifact
+    from ferry.generate._onnx_source import read_onnx_decoder, refuse_options, stored_precision
+
+    refuse_options(path, precision=precision, flavour=flavour, accuracy_level=accuracy_level)
+    decoder = read_onnx_decoder(path, kind)
+    report = dict(decoder.report)
+    if verify:
+        # A graph exported by others runs its own fp16/int8 kernels, whose prompt and step paths
+        # may round differently; a wrong cache wiring (keys fed as values) is far below this.
+        report["verified"] = _check_runs(
+            decoder.model,
+            decoder.io,
+            stored=(decoder.model_file, decoder.source_io),
+            min_cosine=0.99,
+        )
+    return write_decoder_artifact(
+        out_dir,
+        model=decoder.model,
+        config=decoder.config,
+        tokenizer=decoder.files.tokenizer,
+        template=decoder.files.template,
+        generation_config=decoder.files.generation_config,
+        report=report,
+        source=str(path),
+        precision=stored_precision(report["weights"]),
+    )
+
+
+def _io_of(config: DecoderConfig) -> DecoderIO:
+    """The I/O of a graph ``build_decoder`` made (the optimum names)."""
+    from ferry.generate._onnx_source import DecoderIO
+
+    return DecoderIO(
+        num_layers=config.num_layers,
+        num_kv_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+        vocab_size=config.vocab_size,
+    )
+
+
+def _check_runs(
+    model: ir.Model,
+    io: DecoderIO,
+    *,
+    stored: tuple[Path, DecoderIO] | None = None,
+    min_cosine: float = 0.999,
+) -> str:
     """Run the graph on a short prompt, then its last token as one cached step (see
-    :func:`convert_decoder`'s ``verify``); returns what was checked."""
+    :func:`convert_decoder`'s ``verify``); returns what was checked.
+
+    Args:
+        model: the graph about to be written, I/O as ``io`` names it.
+        io: its I/O.
+        stored: the file the graph was read from and its I/O there: checked instead when the
+            graph is too big to hand onnxruntime from memory (protobuf's 2 GB).
+        min_cosine: the least agreement of the cached step with the prompt pass.
+    """
     try:
         import onnxruntime as ort
     except ImportError:
@@ -245,45 +333,59 @@ def _check_runs(model: ir.Model, config: DecoderConfig) -> str:
     size = sum(
         v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None
     )
-    if size > 1_800_000_000:
+    target: str | bytes
+    if size <= 1_800_000_000:
+        # Weights a source folder holds as external data come into memory: written from there.
+        ir.external_data.load_to_model(model)
+        target = ir.serde.serialize_model(model).SerializeToString()
+    elif stored is not None:
+        target, io = str(stored[0]), stored[1]
+    else:
         return "skipped: the model is over protobuf's 2 GB in memory"
     options = ort.SessionOptions()
     options.log_severity_level = 3
     try:
-        session = ort.InferenceSession(
-            ir.serde.serialize_model(model).SerializeToString(),
-            options,
-            providers=["CPUExecutionProvider"],
-        )
+        session = ort.InferenceSession(target, options, providers=["CPUExecutionProvider"])
     except Exception as e:  # onnxruntime's own exception types are not importable stably
-        raise ConversionError(f"the built decoder does not load in onnxruntime: {e}") from e
-    ids = np.array([[i % config.vocab_size for i in _CHECK_IDS]], dtype=np.int64)
+        raise ConversionError(f"the decoder does not load in onnxruntime: {e}") from e
+    names = [o.name for o in session.get_outputs()]
+    ids = np.array([[i % io.vocab_size for i in _CHECK_IDS]], dtype=np.int64)
     n = ids.shape[1]
-    empty = np.zeros((1, config.num_kv_heads, 0, config.head_dim), np.float32)
+    empty = np.zeros((1, io.num_kv_heads, 0, io.head_dim), np.dtype(io.past_dtype))
 
-    def run(tokens: np.ndarray, start: int, past: list[np.ndarray] | None) -> list[np.ndarray]:
+    def run(
+        tokens: np.ndarray, start: int, past: list[np.ndarray] | None
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
         feeds: dict[str, np.ndarray] = {
-            "input_ids": tokens,
-            "attention_mask": np.ones((1, start + tokens.shape[1]), np.int64),
-            "position_ids": np.arange(start, start + tokens.shape[1], dtype=np.int64)[None],
+            io.input_ids: tokens,
+            io.attention_mask: np.ones((1, start + tokens.shape[1]), np.int64),
         }
-        for i in range(config.num_layers):
-            for j, part in enumerate(("key", "value")):
-                feeds[f"past_key_values.{i}.{part}"] = past[2 * i + j] if past else empty
-        return list(session.run(None, feeds))
+        if io.position_ids:
+            positions = np.arange(start, start + tokens.shape[1], dtype=np.int64)[None]
+            feeds[io.position_ids] = positions
+        if io.use_cache_branch:
+            feeds["use_cache_branch"] = np.array([start > 0])
+        pasts = io.pasts()
+        feeds.update(zip(pasts, past or [empty] * len(pasts), strict=True))
+        try:
+            outputs = dict(zip(names, session.run(None, feeds), strict=True))
+        except Exception as e:  # onnxruntime's own exception types are not importable stably
+            raise ConversionError(f"the decoder fails to run in onnxruntime: {e}") from e
+        logits = np.asarray(outputs[io.logits], dtype=np.float32)
+        return logits, [outputs[p] for p in io.presents()]
 
     full = run(ids, 0, None)[0]
-    if full.shape != (1, n, config.vocab_size) or not np.isfinite(full).all():
+    if full.shape != (1, n, io.vocab_size) or not np.isfinite(full).all():
         raise ConversionError(
-            f"the built decoder gives logits of shape {list(full.shape)} "
-            f"(expected [1, {n}, {config.vocab_size}]) or non-finite values"
+            f"the decoder gives logits of shape {list(full.shape)} "
+            f"(expected [1, {n}, {io.vocab_size}]) or non-finite values"
         )
-    prefix = run(ids[:, : n - 1], 0, None)
-    step = run(ids[:, n - 1 :], n - 1, prefix[1:])[0][0, -1]
+    prefix = run(ids[:, : n - 1], 0, None)[1]
+    step = run(ids[:, n - 1 :], n - 1, prefix)[0][0, -1]
     last = full[0, -1]
     cosine = float(step @ last / (np.linalg.norm(step) * np.linalg.norm(last) or 1.0))
-    if cosine < 0.999:
+    if not np.isfinite(step).all() or cosine < min_cosine:
         raise ConversionError(
-            f"the built decoder's cached step disagrees with its prompt pass (cosine {cosine:.5f})"
+            f"the decoder's cached step disagrees with its prompt pass (cosine {cosine:.5f})"
         )
-    return f"runs: finite logits [1, {n}, {config.vocab_size}]; cached step cosine {cosine:.6f}"
+    return f"runs: finite logits [1, {n}, {io.vocab_size}]; cached step cosine {cosine:.6f}"
