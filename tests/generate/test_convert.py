@@ -220,3 +220,85 @@ def test_cli_flavour_and_accuracy_level(source: Any, tmp_path: Path) -> None:
     onnx_file.write_bytes(b"not a model")
     said = one_error_line(run("convert", str(onnx_file), "-o", "y.onnx", "--precision", "int4"))
     assert "apply to decoders" in said
+
+
+def tree_digest(path: Path) -> dict[str, str]:
+    """Every file under ``path`` (or the file itself) by its SHA-256."""
+    import hashlib
+
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+def check_failure_sources(kind: str, tmp_path: Path, gguf: Path) -> Path:
+    """A source of each kind: the module's GGUF, the same llama as a Hugging Face folder, and
+    ferry's graph of it laid out as an optimum and a GenAI folder."""
+    import onnx_ir as ir
+    from test_onnx_source import genai_folder, optimum_folder
+
+    from ferry.generate._config import DecoderConfig
+    from ferry.generate._graph import build_decoder
+    from ferry.generate._weights import DecoderWeights
+
+    if kind == "gguf":
+        return gguf
+    config, tensors = tiny_llama()
+    if kind == "hf":
+        folder = write_hf_folder(tmp_path / "hf", config, tensors)
+        from test_onnx_source import write_tokenizer
+
+        write_tokenizer(folder)
+        return folder
+    decoder = DecoderConfig.from_hf(config)
+    model = build_decoder(decoder, DecoderWeights.from_hf(tensors, decoder), precision="fp32")
+    model.metadata_props.clear()
+    layout = optimum_folder if kind == "onnx-optimum" else genai_folder
+    folder: Path = layout(tmp_path / kind, model)
+    assert isinstance(model, ir.Model) and decoder_source_kind(folder) == kind
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["gguf", "hf", "onnx-optimum", "onnx-genai"])
+def test_a_failed_check_publishes_nothing_and_leaves_the_source(
+    kind: str, source: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pre-write check sees NaN logits (onnxruntime patched to give them): the conversion
+    fails with one clear error, nothing appears at the output, an earlier output is kept as it
+    was, no staging folder is left, and the source's files are byte for byte as before."""
+    from ferry.errors import ConversionError
+
+    gguf, _, _ = source
+    src = check_failure_sources(kind, tmp_path / "src", gguf)
+    real = ort.InferenceSession
+
+    class NaNLogits:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self._session = real(*args, **kwargs)
+
+        def get_outputs(self) -> Any:
+            return self._session.get_outputs()
+
+        def run(self, names: Any, feeds: Any, *rest: Any) -> list[np.ndarray]:
+            outputs = self._session.run(names, feeds, *rest)
+            order = [o.name for o in self._session.get_outputs()]
+            return [np.full_like(o, np.nan) if n == "logits" else o for n, o in zip(order, outputs)]
+
+    before = tree_digest(src)
+    out_parent = tmp_path / "outs"
+    out_parent.mkdir()
+    kept = out_parent / "kept"
+    kept.mkdir()
+    (kept / "old.txt").write_text("the earlier artifact")
+    monkeypatch.setattr(ort, "InferenceSession", NaNLogits)
+    for out in (out_parent / "new", kept):
+        with pytest.raises(ConversionError, match="non-finite values"):
+            convert_decoder(src, out)
+    assert sorted(p.name for p in out_parent.iterdir()) == ["kept"]
+    assert [p.name for p in kept.iterdir()] == ["old.txt"]
+    assert (kept / "old.txt").read_text() == "the earlier artifact"
+    assert tree_digest(src) == before
+    said = one_error_line(run("convert", str(src), "-o", str(out_parent / "cli")))
+    assert "non-finite values" in said and not (out_parent / "cli").exists()
+    monkeypatch.undo()
+    assert convert_decoder(src, out_parent / "ok", verify=True).is_dir()
+    assert tree_digest(src) == before
