@@ -436,3 +436,31 @@ def test_a_plain_model_folder_is_left_to_the_onnx_converter(
     assert decoder_source_kind(folder) is None
     (folder / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
     assert decoder_source_kind(folder) == "onnx-optimum"
+
+
+def test_a_graph_too_big_for_memory_is_checked_as_stored(
+    graph_bytes: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over protobuf's limit the check runs on the source file with its own names (GenAI's
+    templates, a merged model's use_cache_branch fed by hand) and still catches bad logits."""
+    import ferry.generate._convert as convert
+
+    monkeypatch.setattr(convert, "_IN_MEMORY_LIMIT", 0)
+    genai = genai_folder(tmp_path / "genai", fresh(graph_bytes))
+    section = manifest(convert_decoder(genai, tmp_path / "a"))
+    assert section["verified"].startswith("runs (as stored in decoder.onnx): finite logits")
+    merged_folder = optimum_folder(
+        tmp_path / "merged", merged(fresh(graph_bytes)), name="decoder_model_merged.onnx"
+    )
+    section = manifest(convert_decoder(merged_folder, tmp_path / "b"))
+    assert section["verified"].startswith("runs (as stored in decoder_model_merged.onnx)")
+    # a graph whose cache path is wired wrong (keys and values of layer 0 swapped) is caught
+    data = json.loads((genai / "genai_config.json").read_text())
+    inputs = data["model"]["decoder"]["inputs"]
+    inputs["past_key_names"], inputs["past_value_names"] = "past_value.%d", "past_key.%d"
+    (genai / "genai_config.json").write_text(json.dumps(data))
+    from ferry.errors import ConversionError
+
+    with pytest.raises(ConversionError, match="cached step disagrees"):
+        convert_decoder(genai, tmp_path / "c")
+    assert not (tmp_path / "c").exists()

@@ -36,6 +36,8 @@ _EIGHT_BIT = {"Q8_0", "Q8_1", "Q8_K", "Q6_K", "Q5_0", "Q5_1", "Q5_K"}
 # Tokens the built graph is checked on (any ids below the vocabulary size do).
 _CHECK_IDS = (1, 2, 3, 5, 8, 13, 21, 34, 55)
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
+# Weights up to this size are handed to onnxruntime from memory (protobuf's limit is 2 GB).
+_IN_MEMORY_LIMIT = 1_800_000_000
 
 
 def decoder_source_kind(source: str | os.PathLike[str]) -> str | None:
@@ -334,12 +336,14 @@ def _check_runs(
         v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None
     )
     target: str | bytes
-    if size <= 1_800_000_000:
+    where = ""
+    if size <= _IN_MEMORY_LIMIT:
         # Weights a source folder holds as external data come into memory: written from there.
         ir.external_data.load_to_model(model)
         target = ir.serde.serialize_model(model).SerializeToString()
     elif stored is not None:
         target, io = str(stored[0]), stored[1]
+        where = f" (as stored in {stored[0].name})"
     else:
         return "skipped: the model is over protobuf's 2 GB in memory"
     options = ort.SessionOptions()
@@ -388,4 +392,4 @@ def _check_runs(
         raise ConversionError(
             f"the decoder's cached step disagrees with its prompt pass (cosine {cosine:.5f})"
         )
-    return f"runs: finite logits [1, {n}, {io.vocab_size}]; cached step cosine {cosine:.6f}"
+    return f"runs{where}: finite logits [1, {n}, {io.vocab_size}]; cached step cosine {cosine:.6f}"

@@ -224,8 +224,7 @@ def _optimum_settings(folder: Path) -> dict[str, Any]:
     """The decoder config a Hugging Face config.json gives (DecoderConfig's key names)."""
     hf = _json(folder / "config.json", "config.json") or {}
     # Multimodal configs keep the language model's sizes in text_config.
-    text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else {}
-    cfg = {**hf, **text}
+    cfg = {**hf, **_section(hf, "text_config")}
     heads = _int(cfg.get("num_attention_heads"))
     hidden = _int(cfg.get("hidden_size"))
     out: dict[str, Any] = {
@@ -248,8 +247,8 @@ def _genai_settings(
     folder: Path, genai: dict[str, Any]
 ) -> tuple[Path, dict[str, Any], dict[str, str]]:
     """The graph file, the decoder config and the I/O name templates genai_config.json gives."""
-    model = genai.get("model") if isinstance(genai.get("model"), dict) else {}
-    decoder = model.get("decoder") if isinstance(model.get("decoder"), dict) else {}
+    model = _section(genai, "model")
+    decoder = _section(model, "decoder")
     if not decoder:
         raise ModelLoadError(f"{folder / GENAI_CONFIG} has no model.decoder section")
     if "pipeline" in decoder:
@@ -266,7 +265,7 @@ def _genai_settings(
         ("inputs", ("input_ids", "attention_mask", "position_ids")),
         ("outputs", ("logits",)),
     ):
-        given = decoder.get(section) if isinstance(decoder.get(section), dict) else {}
+        given = _section(decoder, section)
         names.update({k: str(given[k]) for k in keys if isinstance(given.get(k), str)})
         for role in ("past_key", "past_value", "present_key", "present_value"):
             if isinstance(given.get(f"{role}_names"), str):
@@ -322,14 +321,14 @@ def _graph_io(
     known |= {
         t % i for i in range(layers) for t in (templates["past_key"], templates["past_value"])
     }
-    extra = [n for n in inputs if n not in known]
+    extra = [n for n in inputs if n and n not in known]
     if extra:
         raise ModelLoadError(
             f"the decoder {file} has inputs ferry's token loop does not feed: {', '.join(extra)}"
         )
-    for key in (role["input_ids"], role["attention_mask"], position_ids):
+    for key in (role["input_ids"], role["attention_mask"], position_ids or ""):
         dtype = inputs[key].dtype if key else None
-        if key and dtype is not None and dtype.name != "INT64":
+        if dtype is not None and dtype.name != "INT64":
             raise ModelLoadError(f"the decoder {file}'s input {key} is {dtype.name}, not INT64")
     past = inputs[templates["past_key"] % 0]
     dims = list(past.shape.dims) if past.shape is not None else []
@@ -365,14 +364,20 @@ def _graph_io(
             "Python API cannot feed; export it in float16 or float32"
         )
     return DecoderIO(
-        **sizes,
+        num_layers=sizes["num_layers"],
+        num_kv_heads=sizes["num_kv_heads"],
+        head_dim=sizes["head_dim"],
+        vocab_size=sizes["vocab_size"],
         past_dtype="float16" if dtype_name == "FLOAT16" else "float32",
         input_ids=role["input_ids"],
         attention_mask=role["attention_mask"],
         position_ids=position_ids,
         logits=role["logits"],
         use_cache_branch=_USE_CACHE in inputs,
-        **templates,
+        past_key=templates["past_key"],
+        past_value=templates["past_value"],
+        present_key=templates["present_key"],
+        present_value=templates["present_value"],
     )
 
 
@@ -519,6 +524,11 @@ def _parameters(model: ir.Model) -> int:
         size = int(np.prod(tensor.shape.numpy(), dtype=np.int64)) if tensor.shape else 1
         total += size * 2 if tensor.dtype.name == "UINT8" else size
     return total
+
+
+def _section(data: dict[str, Any], key: str) -> dict[str, Any]:
+    value = data.get(key)
+    return value if isinstance(value, dict) else {}
 
 
 def _static(dims: list[Any], index: int, ok: bool) -> int | None:
