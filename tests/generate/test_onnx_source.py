@@ -464,3 +464,40 @@ def test_a_graph_too_big_for_memory_is_checked_as_stored(
     with pytest.raises(ConversionError, match="cached step disagrees"):
         convert_decoder(genai, tmp_path / "c")
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize(
+    ("flavour", "stored"), [("ort", "MatMulNBits"), ("standard", "DequantizeLinear")]
+)
+def test_a_quantized_graph_is_taken_as_stored(flavour: str, stored: str, tmp_path: Path) -> None:
+    """An int4 graph (MatMulNBits, or blocked DequantizeLinear -> MatMul) keeps its blocks: the
+    artifact says int4, as stored; a GPT-2 style config.json (n_head, n_layer, n_positions)
+    gives the sizes too."""
+    config_json, tensors = tiny_llama()
+    config = DecoderConfig.from_hf(config_json)
+    weights = DecoderWeights.from_hf(tensors, config)
+    model = build_decoder(config, weights, precision="int4", flavour=flavour)
+    model.metadata_props.clear()
+    source = optimum_folder(tmp_path / "int4", model)
+    gpt2_style = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "n_head": 4,
+        "n_layer": 2,
+        "n_embd": 64,
+        "n_positions": 256,
+        "vocab_size": 80,
+        "eos_token_id": 2,
+    }
+    (source / "config.json").write_text(json.dumps(gpt2_style))
+    out = convert_decoder(source, tmp_path / "out")
+    section = manifest(out)
+    assert section["precision"] == "int4"
+    assert section["weights"][f"int4 ({stored})"] >= 8
+    assert (section["num_heads"], section["hidden_size"], section["context_length"]) == (4, 64, 256)
+    ops = {n.op_type for n in ir.load(out / "model.onnx").graph}
+    assert stored in ops
+    expected = direct_greedy(
+        source / "model.onnx", OPTIMUM_NAMES, 5, positions=True, use_cache=False
+    )
+    assert ferry.load(out).generate(ids=PROMPT, max_new_tokens=5).ids == expected

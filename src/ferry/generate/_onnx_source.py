@@ -56,6 +56,11 @@ _SPLIT = ("decoder_model.onnx", "decoder_with_past_model.onnx")
 _USE_CACHE = "use_cache_branch"
 # The optimum names, which ferry's own graphs carry and its token loop feeds.
 _PAST = re.compile(r"past_key_values\.(\d+)\.(key|value)")
+_GPT2_NAMES = {
+    "num_attention_heads": "n_head",
+    "hidden_size": "n_embd",
+    "num_hidden_layers": "n_layer",
+}
 # config.json spellings of the context, in the order transformers' configs use them.
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
@@ -225,6 +230,9 @@ def _optimum_settings(folder: Path) -> dict[str, Any]:
     hf = _json(folder / "config.json", "config.json") or {}
     # Multimodal configs keep the language model's sizes in text_config.
     cfg = {**hf, **_section(hf, "text_config")}
+    # GPT-2's config spells the sizes its own way.
+    for ours, theirs in _GPT2_NAMES.items():
+        cfg.setdefault(ours, cfg.get(theirs))
     heads = _int(cfg.get("num_attention_heads"))
     hidden = _int(cfg.get("hidden_size"))
     out: dict[str, Any] = {
@@ -233,8 +241,8 @@ def _optimum_settings(folder: Path) -> dict[str, Any]:
         "hidden_size": hidden,
         "num_layers": _int(cfg.get("num_hidden_layers")),
         "num_heads": heads,
-        "num_kv_heads": _int(cfg.get("num_key_value_heads")) or heads,
-        "head_dim": _int(cfg.get("head_dim")) or (hidden // heads if hidden and heads else None),
+        "num_kv_heads": _int(cfg.get("num_key_value_heads")),
+        "head_dim": _int(cfg.get("head_dim")),
         "context_length": next((_int(cfg[k]) for k in _CONTEXT_KEYS if _int(cfg.get(k))), None),
         "bos_id": _int(cfg.get("bos_token_id")),
         "eos_ids": _ids(cfg.get("eos_token_id")),
@@ -342,6 +350,12 @@ def _graph_io(
         "head_dim": (dim, f"{past.name}'s dimension 3"),
         "vocab_size": (vocab, f"{logits.name}'s last dimension"),
     }
+    q_heads, hidden = _int(settings.get("num_heads")), _int(settings.get("hidden_size"))
+    # What a config that does not say implies (multi-head attention, hidden split evenly).
+    implied = {
+        "num_kv_heads": q_heads,
+        "head_dim": hidden // q_heads if hidden and q_heads else None,
+    }
     sizes: dict[str, int] = {}
     for key, (graph_value, where) in checked.items():
         said = settings.get(key)
@@ -350,7 +364,7 @@ def _graph_io(
                 f"the folder's config says {key} {said}, the graph ({file}) has {graph_value} "
                 f"({where})"
             )
-        value = graph_value or _int(said)
+        value = graph_value or _int(said) or implied.get(key)
         if not value:
             raise ModelLoadError(
                 f"the decoder {file} does not say its {key}: {where} is not fixed and the "
@@ -496,7 +510,8 @@ def _files(folder: Path, config: dict[str, Any]) -> DecoderFiles:
 
 
 def _weights_as_stored(model: ir.Model) -> dict[str, int]:
-    """The graph's matrices counted by how they are stored: "int4 (MatMulNBits)", "fp16"..."""
+    """The graph's matrices counted by how they are stored: "int4 (MatMulNBits)",
+    "int8 (DequantizeLinear)", "fp16", "fp32"..."""
     import onnx_ir as ir
 
     mix: Counter[str] = Counter()
@@ -505,10 +520,33 @@ def _weights_as_stored(model: ir.Model) -> dict[str, int]:
             bits = node.attributes.get("bits")
             mix[f"int{bits.as_int() if bits is not None else 4} (MatMulNBits)"] += 1
         elif node.op_type in ("MatMul", "Gemm") and len(node.inputs) > 1:
-            weight = node.inputs[1]
-            if weight is not None and weight.const_value is not None:
-                mix[_FLOAT_NAMES.get(weight.const_value.dtype.name, "fp32")] += 1
+            kind = _stored_kind(node.inputs[1])
+            if kind is not None:
+                mix[kind] += 1
     return dict(mix)
+
+
+def _stored_kind(value: ir.Value | None) -> str | None:
+    """How a matrix operand is stored: followed back through casts and reshapes to a weight
+    or a DequantizeLinear of one; None for an activation."""
+    for _ in range(4):
+        if value is None:
+            return None
+        if value.const_value is not None:
+            return _FLOAT_NAMES.get(value.const_value.dtype.name, "fp32")
+        producer = value.producer()
+        if producer is None:
+            return None
+        if producer.op_type == "DequantizeLinear" and producer.inputs[0] is not None:
+            stored = producer.inputs[0].const_value
+            if stored is None:
+                return None
+            bits = "int4" if stored.dtype.name in ("INT4", "UINT4") else "int8"
+            return f"{bits} (DequantizeLinear)"
+        if producer.op_type not in ("Cast", "Reshape", "Transpose", "Identity"):
+            return None
+        value = producer.inputs[0]
+    return None
 
 
 _FLOAT_NAMES = {"FLOAT16": "fp16", "BFLOAT16": "bf16", "FLOAT": "fp32", "DOUBLE": "fp64"}
