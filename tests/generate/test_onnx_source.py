@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 import pytest
@@ -50,7 +51,7 @@ def graph_bytes() -> bytes:
 
 
 def fresh(graph_bytes: bytes) -> ir.Model:
-    return ir.serde.deserialize_model(__import__("onnx").load_from_string(graph_bytes))
+    return ir.serde.deserialize_model(onnx.load_from_string(graph_bytes))
 
 
 def write_tokenizer(folder: Path, *, template: bool = True) -> None:
@@ -501,3 +502,97 @@ def test_a_quantized_graph_is_taken_as_stored(flavour: str, stored: str, tmp_pat
         source / "model.onnx", OPTIMUM_NAMES, 5, positions=True, use_cache=False
     )
     assert ferry.load(out).generate(ids=PROMPT, max_new_tokens=5).ids == expected
+
+
+def torch_exported_folder(folder: Path) -> tuple[Path, Any]:
+    """An optimum-layout folder whose graph someone else wrote: transformers' own
+    LlamaForCausalLM (the tiny llama's weights) exported by torch.onnx with a flat past/present
+    per layer, as optimum's ``text-generation-with-past`` export names them."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers.cache_utils import DynamicCache
+
+    config_json, tensors = tiny_llama()
+    hf_config = transformers.LlamaConfig(
+        **{k: v for k, v in config_json.items() if k != "architectures"}
+    )
+    model = transformers.LlamaForCausalLM(hf_config).eval()
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()}, strict=False)
+    layers = config_json["num_hidden_layers"]
+
+    class Flat(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(
+            self, input_ids: Any, attention_mask: Any, position_ids: Any, *past: Any
+        ) -> tuple[Any, ...]:
+            cache = DynamicCache(config=hf_config)
+            for i in range(layers):
+                cache.update(past[2 * i], past[2 * i + 1], i)
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            presents = [
+                t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)
+            ]
+            return (out.logits, *presents)
+
+    pasts = [f"past_key_values.{i}.{k}" for i in range(layers) for k in ("key", "value")]
+    presents = [f"present.{i}.{k}" for i in range(layers) for k in ("key", "value")]
+    axes: dict[str, dict[int, str]] = {
+        "input_ids": {0: "batch", 1: "sequence"},
+        "attention_mask": {0: "batch", 1: "total"},
+        "position_ids": {0: "batch", 1: "sequence"},
+        "logits": {0: "batch", 1: "sequence"},
+    }
+    axes |= {n: {0: "batch", 2: "past"} for n in pasts}
+    axes |= {n: {0: "batch", 2: "total"} for n in presents}
+    example = (
+        torch.tensor([[1, 10, 20]]),
+        torch.ones(1, 5, dtype=torch.int64),
+        torch.arange(2, 5)[None],
+        *[torch.randn(1, 2, 2, 16) for _ in pasts],
+    )
+    folder.mkdir(parents=True)
+    with torch.no_grad():
+        torch.onnx.export(
+            Flat(),
+            example,
+            str(folder / "model.onnx"),
+            input_names=["input_ids", "attention_mask", "position_ids", *pasts],
+            output_names=["logits", *presents],
+            dynamic_axes=axes,
+            dynamo=False,
+            opset_version=17,
+        )
+    (folder / "config.json").write_text(json.dumps(config_json))
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
+    write_tokenizer(folder)
+    return folder, model
+
+
+def test_a_decoder_exported_from_transformers_generates_as_transformers(tmp_path: Path) -> None:
+    """Not ferry's graph: transformers' model exported by torch.onnx, converted, generates the
+    greedy tokens transformers' own generate gives."""
+    folder, model = torch_exported_folder(tmp_path / "exported")
+    import torch
+
+    out = convert_decoder(folder, tmp_path / "out")
+    assert manifest(out)["verified"].startswith("runs: finite logits [1, 9, 80]")
+    ours = ferry.load(out).generate(ids=PROMPT, max_new_tokens=10).ids
+    with torch.no_grad():
+        reference = model.generate(
+            torch.tensor([PROMPT]),
+            max_new_tokens=10,
+            do_sample=False,
+            eos_token_id=[2, 0],
+            pad_token_id=2,
+        )
+    assert ours == reference[0, len(PROMPT) :].tolist()
+    assert len(ours) == 10, ours  # no early eos: every step through the cache compared

@@ -148,6 +148,8 @@ def read_onnx_decoder(folder: Path, kind: str) -> OnnxDecoder:
             folder and the graph disagree on or do not give.
     """
     from ferry.generate._artifact import TOKENIZER_FILE
+    from ferry.generate._loop import CONFIG_KEY, GENERATIVE_KEY
+    from ferry.graph import load_model
 
     layout = "genai" if kind == "onnx-genai" else "optimum"
     if layout == "genai":
@@ -161,11 +163,7 @@ def read_onnx_decoder(folder: Path, kind: str) -> OnnxDecoder:
             f"{folder} has no {TOKENIZER_FILE}: ferry needs the decoder's tokenizer beside it "
             "(the tokenizers library's file, as optimum and the GenAI model builder write it)"
         )
-    from ferry.graph import load_model
-
     model = load_model(model_file)
-    from ferry.generate._loop import CONFIG_KEY
-
     # A graph ferry wrote carries its config: the sizes come from there before any guess.
     for key, value in _json_text(model.metadata_props.get(CONFIG_KEY)).items():
         settings.setdefault(key, value)
@@ -175,7 +173,7 @@ def read_onnx_decoder(folder: Path, kind: str) -> OnnxDecoder:
     files = _files(folder, config)
     _rename_io(model, renames)
     _compute_use_cache_branch(model)
-    model.metadata_props["ferry.generative"] = "decoder"
+    model.metadata_props[GENERATIVE_KEY] = "decoder"
     model.metadata_props[CONFIG_KEY] = json.dumps(config)
     io = replace(
         DecoderIO(
