@@ -265,6 +265,7 @@ def test_optimum_folder_generates_as_the_graph_does(graph_bytes: bytes, tmp_path
     section = manifest(out)
     assert section["source_kind"] == "onnx-optimum" and section["layout"] == "optimum"
     assert section["model_file"] == "model.onnx" and "renamed" not in section
+    assert section["flavour"] == "standard"
     assert section["precision"] == "fp32" and list(section["weights"]) == ["fp32"]
     assert section["verified"].startswith("runs: finite logits [1, 9, 80]")
     assert section["num_kv_heads"] == 2 and section["head_dim"] == 16
@@ -411,6 +412,16 @@ def test_bad_folders_say_what_is_wrong(graph_bytes: bytes, tmp_path: Path) -> No
     (genai / "genai_config.json").write_text(json.dumps(data))
     with pytest.raises(ModelLoadError, match="no input cache_key.0"):
         convert_decoder(genai, tmp_path / "x")
+    data["model"]["decoder"]["filename"] = "missing.onnx"
+    (genai / "genai_config.json").write_text(json.dumps(data))
+    with pytest.raises(ModelLoadError, match="has no missing.onnx"):
+        convert_decoder(genai, tmp_path / "x")
+    int32 = variant("int32")
+    model = fresh(graph_bytes)
+    next(v for v in model.graph.inputs if v.name == "attention_mask").dtype = ir.DataType.INT32
+    ir.save(model, int32 / "model.onnx")
+    with pytest.raises(ModelLoadError, match="input attention_mask is INT32, not INT64"):
+        convert_decoder(int32, tmp_path / "x")
     assert not (tmp_path / "x").exists()
     # on the command line: one line, exit 2, nothing written
     said = one_error_line(run("convert", str(split), "-o", str(tmp_path / "y")))
@@ -493,7 +504,7 @@ def test_a_quantized_graph_is_taken_as_stored(flavour: str, stored: str, tmp_pat
     (source / "config.json").write_text(json.dumps(gpt2_style))
     out = convert_decoder(source, tmp_path / "out")
     section = manifest(out)
-    assert section["precision"] == "int4"
+    assert section["precision"] == "int4" and section["flavour"] == flavour
     assert section["weights"][f"int4 ({stored})"] >= 8
     assert (section["num_heads"], section["hidden_size"], section["context_length"]) == (4, 64, 256)
     ops = {n.op_type for n in ir.load(out / "model.onnx").graph}

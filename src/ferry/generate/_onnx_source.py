@@ -191,6 +191,8 @@ def read_onnx_decoder(folder: Path, kind: str) -> OnnxDecoder:
         "model_file": model_file.name,
         "parameters": _parameters(model),
         "weights": _weights_as_stored(model),
+        # As ferry's own builds say it: "ort" when the graph needs onnxruntime's contrib ops.
+        "flavour": "ort" if _uses_contrib_ops(model) else "standard",
     }
     if renames:
         report["renamed"] = renames
@@ -522,6 +524,14 @@ def _weights_as_stored(model: ir.Model) -> dict[str, int]:
             if kind is not None:
                 mix[kind] += 1
     return dict(mix)
+
+
+def _uses_contrib_ops(model: ir.Model) -> bool:
+    import onnx_ir as ir
+
+    return any(
+        node.domain == "com.microsoft" for node in ir.traversal.RecursiveGraphIterator(model.graph)
+    )
 
 
 def _stored_kind(value: ir.Value | None) -> str | None:
