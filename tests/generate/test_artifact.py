@@ -88,7 +88,7 @@ class _Weight:
         return None
 
 
-def tiny_model(config: DecoderConfig) -> ir.Model:
+def tiny_model(config: DecoderConfig, flavour: str = "standard") -> ir.Model:
     """The decoder graph ferry builds, on random weights."""
     from ferry.generate._graph import build_decoder
 
@@ -107,7 +107,7 @@ def tiny_model(config: DecoderConfig) -> ir.Model:
             w[f"layers.{i}.{name}"] = _Weight(rng.normal(0, 0.2, shape))
         w[f"layers.{i}.attn_norm"] = _Weight(np.ones(h))
         w[f"layers.{i}.ffn_norm"] = _Weight(np.ones(h))
-    return build_decoder(config, w)
+    return build_decoder(config, w, flavour=flavour)
 
 
 def write_tiny(out: Path, **kwargs: Any) -> Path:

@@ -259,10 +259,17 @@ class _Scripted:
         ]
         self.output_names = ["logits"]
 
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(
+        self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None
+    ) -> dict[str, np.ndarray]:
         logits = np.zeros((1, feeds["input_ids"].shape[1], VOCAB), dtype=np.float32)
         logits[0, -1, self.script.pop(0)] = 1.0
         return {"logits": logits}
+
+    def kv_runner(self, layout: Any) -> Any:
+        from ferry.backends import CopyingKVRunner
+
+        return CopyingKVRunner(self.run, layout)
 
 
 def test_multibyte_characters_are_emitted_whole() -> None:

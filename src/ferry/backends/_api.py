@@ -19,6 +19,7 @@ import numpy as np
 if TYPE_CHECKING:
     import onnx_ir as ir
 
+    from ferry.backends._kv import KVLayout, KVRunner
     from ferry.backends._rules import OpRule
     from ferry.plan import Partition
 
@@ -132,6 +133,12 @@ class Backend(Protocol):
         Engines that can tell (OpenVINO's ``query_model``, TensorRT's ONNX parser) veto what their
         rules over-claimed; others return ``{}``.
         """
+        ...
+
+    def kv_runner(self, compiled: CompiledPartition, layout: KVLayout) -> KVRunner | None:
+        """A runner that keeps a decoder's key/value cache inside the engine for one sequence
+        (``compiled`` is one of this engine's partitions); None when the engine cannot, and the
+        token loop feeds presents back as pasts itself."""
         ...
 
     def compile(self, spec: CompileSpec) -> CompiledPartition:

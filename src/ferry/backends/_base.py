@@ -26,6 +26,7 @@ from ferry.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from ferry.backends._api import Backend, CompiledPartition, CompileSpec
+    from ferry.backends._kv import KVLayout, KVRunner
     from ferry.backends._rules import OpRule
 
 __all__ = [
@@ -161,6 +162,12 @@ class BackendBase:
     def validate(self, model: ir.Model, nodes: Sequence[str]) -> dict[str, str]:
         """No veto: the rule table is this engine's whole answer."""
         return {}
+
+    def kv_runner(self, compiled: CompiledPartition, layout: KVLayout) -> KVRunner | None:
+        """None: a decoder on this engine gets its presents fed back as pasts through numpy
+        (:class:`~ferry.backends._kv.CopyingKVRunner`); an engine that can keep the cache
+        itself returns a runner that does."""
+        return None
 
     def compile(self, spec: CompileSpec) -> CompiledPartition:
         """Build the partition for this engine; every adapter implements it."""

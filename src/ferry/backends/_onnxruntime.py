@@ -24,8 +24,10 @@ import onnx
 import onnx_ir as ir
 
 from ferry.backends import _onnxruntime_ops
-from ferry.backends._api import CompileSpec
+from ferry.backends._api import CompiledPartition, CompileSpec
 from ferry.backends._base import BackendBase, model_source
+from ferry.backends._kv import KVLayout
+from ferry.backends._onnxruntime_kv import OrtKVRunner
 from ferry.backends._rules import OpRule, RuleTable, all_checks, subgraphs_supported
 from ferry.errors import (
     BackendUnavailableError,
@@ -115,6 +117,12 @@ class OnnxRuntimeBackend(BackendBase):
 
     def compile(self, spec: CompileSpec) -> OnnxRuntimePartition:
         return OnnxRuntimePartition(spec)
+
+    def kv_runner(self, compiled: CompiledPartition, layout: KVLayout) -> OrtKVRunner | None:
+        """I/O binding: the cache stays in ONNX Runtime, in place where the graph allows it."""
+        if not isinstance(compiled, OnnxRuntimePartition) or compiled._exotic_in:
+            return None
+        return OrtKVRunner(compiled.session, layout, ort_error_message)
 
     def load(self, blob: bytes, spec: CompileSpec) -> OnnxRuntimePartition:
         # ORT compiles in-process from the model itself; there is nothing extra to cache.

@@ -27,6 +27,8 @@ class Masks:
 
     full: ir.Value
     sliding: ir.Value | None
+    #: Each row's last attended slot, int32 [B] (GroupQueryAttention's seqlens_k).
+    last_slot: ir.Value
 
 
 @dataclass(frozen=True)
@@ -46,25 +48,36 @@ def build_masks(
 ) -> Masks:
     """Causal + padding masks from the shapes and attention_mask.
 
-    The query's absolute index is past + its offset (past = T - S), independent of position_ids,
-    so left-padded rows whose positions restart at 0 still mask causally by slot.
+    A query's slot is counted back from the row's last attended slot (the new tokens are that
+    row's last S slots), independent of position_ids, so left-padded rows whose positions restart
+    at 0 still mask causally by slot. The mask may be wider than past + S: slots after the last
+    1 are empty, as when the past is a buffer allocated once up to the context and written in
+    place (GroupQueryAttention sharing past and present).
     """
-    seq = b.op("Squeeze", [b.op("Shape", [input_ids], {"start": 1, "end": 2}), b.ints([0])])
+    seq = b.op("Shape", [input_ids], {"start": 1, "end": 2})  # [1]
     total = b.op("Squeeze", [b.op("Shape", [attention_mask], {"start": 1, "end": 2}), b.ints([0])])
-    past = b.op("Sub", [total, seq])
-    qpos = b.op("Unsqueeze", [b.op("Range", [past, total, b.ints(1)]), b.ints([1])])  # [S, 1]
-    kpos = b.op("Unsqueeze", [b.op("Range", [b.ints(0), total, b.ints(1)]), b.ints([0])])  # [1, T]
-    causal = b.op("LessOrEqual", [kpos, qpos])  # [S, T]
+    slots = b.op("Range", [b.ints(0), total, b.ints(1)])  # [T]
+    # The last attended slot per row: argmax of mask * (slot + 1) (0 for an all-zero row).
+    ranked = b.op("Mul", [attention_mask, b.op("Add", [slots, b.ints(1)])])
+    last = b.op("ArgMax", [ranked], {"axis": 1, "keepdims": 1})  # [B, 1]
+    first_new = b.op("Sub", [b.op("Add", [last, b.ints(1)]), seq])  # [B, 1]
+    offsets = b.op("Range", [b.ints(0), b.op("Squeeze", [seq, b.ints([0])]), b.ints(1)])  # [S]
+    qpos = b.op("Unsqueeze", [b.op("Add", [first_new, offsets]), b.ints([2])])  # [B, S, 1]
+    kpos = b.op("Unsqueeze", [slots, b.ints([0, 1])])  # [1, 1, T]
+    causal = b.op("LessOrEqual", [kpos, qpos])  # [B, S, T]
+    causal = b.op("Unsqueeze", [causal, b.ints([1, 2])])  # [B, 1, 1, S, T]
     pad = b.op("Cast", [attention_mask], {"to": ir.DataType.BOOL})
     pad = b.op("Unsqueeze", [pad, b.ints([1, 2, 3])])  # [B, 1, 1, 1, T]
+    last_slot = b.op("Cast", [b.op("Squeeze", [last, b.ints([1])])], {"to": ir.DataType.INT32})
     full = b.op("And", [causal, pad], name="attn_mask")
     sliding = None
     if config.sliding_window and any(config.sliding_pattern):
         # HF's rule: key k is visible to query q when q - k < window.
-        distance = b.op("Sub", [qpos, kpos])
+        distance = b.op("Sub", [qpos, kpos])  # [B, S, T]
         near = b.op("Less", [distance, b.ints(int(config.sliding_window))])
+        near = b.op("Unsqueeze", [near, b.ints([1, 2])])
         sliding = b.op("And", [b.op("And", [causal, near]), pad], name="attn_mask_sliding")
-    return Masks(full, sliding)
+    return Masks(full, sliding, last_slot)
 
 
 def inv_freq(config: DecoderConfig, *, local: bool = False) -> np.ndarray:
@@ -205,14 +218,14 @@ class FusedInputs:
 def build_fused_inputs(b: Builder, attention_mask: ir.Value, masks: Masks) -> FusedInputs:
     """GroupQueryAttention's lengths and biases, once for every layer.
 
-    Each row's length is the full slot count: left padding is then masked by the bias, not by
-    GroupQueryAttention's right-padding convention, so the optimum layout's masks carry over.
+    Each row's length is its last attended slot + 1, pads included: left padding is then masked
+    by the bias, not by GroupQueryAttention's right-padding convention, so the optimum layout's
+    masks carry over; and with a past buffer allocated up to the context (past and present
+    sharing it), the mask is as wide as the buffer and the length still says where to write.
     """
     total = b.op("Squeeze", [b.op("Shape", [attention_mask], {"start": 1, "end": 2}), b.ints([0])])
-    batch = b.op("Shape", [attention_mask], {"start": 0, "end": 1})
-    last = b.op("Sub", [total, b.ints(1)])
-    seqlens = b.op("Cast", [b.op("Expand", [last, batch])], {"to": ir.DataType.INT32})
     total32 = b.op("Cast", [total], {"to": ir.DataType.INT32})
+    seqlens = masks.last_slot
 
     def bias(mask: ir.Value) -> ir.Value:
         four = b.op("Squeeze", [mask, b.ints([1])])  # [B, 1, S, T]

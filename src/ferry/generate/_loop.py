@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any, Literal, TypeGuard, overload
 
 import numpy as np
 
+from ferry.backends import KVLayout, KVRunner
 from ferry.errors import InvalidInputError, ModelLoadError
 from ferry.generate._sampling import Sampler, sampling_options
 
 if TYPE_CHECKING:
     from ferry.runtime import Session
 
-__all__ = ["DecoderSession", "Generation", "KVCache", "TokenEvent", "is_generative_artifact"]
+__all__ = ["DecoderSession", "Generation", "TokenEvent", "is_generative_artifact"]
 
 #: The model's metadata key that marks a generative decoder, and the one holding its config.
 GENERATIVE_KEY = "ferry.generative"
@@ -57,37 +58,6 @@ class Generation:
     ids: list[int]
     finish_reason: str
     prompt_tokens: int
-
-
-class KVCache:
-    """The past key/values fed to each step.
-
-    This first cut feeds each step's ``present.*`` outputs back as the next ``past_key_values.*``
-    inputs, so ONNX Runtime allocates (and copies) the cache every step. A cache allocated once
-    up to the context and written in place (ONNX Runtime's I/O binding with past and present
-    sharing one buffer; OpenVINO's stateful model) replaces this class behind the same members:
-    ``length``, ``feeds()`` and ``update(outputs, added)``.
-    """
-
-    def __init__(
-        self, layers: int, kv_heads: int, head_dim: int, dtype: np.dtype[Any] | type
-    ) -> None:
-        empty = np.zeros((1, kv_heads, 0, head_dim), dtype=dtype)
-        self._past: dict[str, np.ndarray] = {
-            f"past_key_values.{i}.{kind}": empty for i in range(layers) for kind in ("key", "value")
-        }
-        self.length = 0
-
-    def feeds(self) -> dict[str, np.ndarray]:
-        """The past inputs for the next step."""
-        return dict(self._past)
-
-    def update(self, outputs: Mapping[str, np.ndarray], added: int) -> None:
-        """Take a step's presents, ``added`` positions longer, as the next past."""
-        for name in self._past:
-            layer, kind = name.split(".")[1:]
-            self._past[name] = outputs[f"present.{layer}.{kind}"]
-        self.length += added
 
 
 class DecoderSession:
@@ -131,6 +101,19 @@ class DecoderSession:
         self._positions = "position_ids" in names
         layers = sorted(int(m.group(1)) for n in names if (m := _PAST.fullmatch(n)))
         self.num_layers = len(layers)
+        self._past = tuple(
+            f"past_key_values.{i}.{kind}" for i in layers for kind in ("key", "value")
+        )
+        self._present = tuple(f"present.{i}.{kind}" for i in layers for kind in ("key", "value"))
+        absent = [n for n in self._present if n not in session.output_names]
+        if absent:
+            raise ModelLoadError(
+                "not a decoder graph: its past inputs have no present outputs "
+                + ", ".join(absent[:4])
+            )
+        #: Whether the graph writes new slots into a past as wide as the sequence's capacity
+        #: (GroupQueryAttention reads every past), so the engine may share past and present.
+        self.in_place_cache = bool(self._past) and _in_place(session, self._past)
         self._kv: tuple[int, int, Any] = (0, 0, np.float32)
         if layers:
             spec = names["past_key_values.0.key"]
@@ -320,33 +303,55 @@ class DecoderSession:
             raise InvalidInputError(f"ids: {bad[:5]} outside the vocabulary [0, {vocab})")
         return out
 
-    def _step(self, tokens: list[int], cache: KVCache) -> np.ndarray:
-        """Run the graph on ``tokens`` after the cache; the last position's logits."""
-        n, past = len(tokens), cache.length
-        feeds = {
-            "input_ids": np.asarray([tokens], dtype=np.int64),
-            "attention_mask": np.ones((1, past + n), dtype=np.int64),
-            **cache.feeds(),
-        }
+    def kv_runner(self, capacity: int) -> KVRunner:
+        """A runner for one new sequence of up to ``capacity`` slots (prompt + new tokens),
+        the cache kept by the engine where it can (``Session.kv_runner``)."""
+        heads, dim, dtype = self._kv
+        layout = KVLayout(
+            self._past,
+            self._present,
+            "logits",
+            heads,
+            dim,
+            dtype,
+            capacity,
+            self.in_place_cache,
+        )
+        return self.session.kv_runner(layout)
+
+    def step(self, runner: KVRunner, tokens: Sequence[int], used: int) -> np.ndarray:
+        """Run ``tokens`` after the ``used`` slots already in ``runner``'s cache: the logits
+        ``[len(tokens), vocab]``."""
+        n = len(tokens)
+        if runner.in_place:
+            capacity = runner.layout.capacity
+            if used + n > capacity:
+                raise InvalidInputError(
+                    f"the sequence needs {used + n} cache slots; its cache holds {capacity}"
+                )
+            mask = np.zeros((1, capacity), dtype=np.int64)
+            mask[0, : used + n] = 1
+        else:
+            mask = np.ones((1, used + n), dtype=np.int64)
+        feeds = {"input_ids": np.asarray([tokens], dtype=np.int64), "attention_mask": mask}
         if self._positions:
-            feeds["position_ids"] = np.arange(past, past + n, dtype=np.int64)[None]
-        outputs = self.session.run(feeds)
-        cache.update(outputs, n)
-        logits: np.ndarray = outputs["logits"]
-        return logits[0, -1]
+            feeds["position_ids"] = np.arange(used, used + n, dtype=np.int64)[None]
+        logits: np.ndarray = runner.run(feeds)
+        return logits[0]
 
     def _steps(
         self, prompt_ids: list[int], budget: int, sampler: Sampler, stops: list[str]
     ) -> Iterator[TokenEvent | Generation]:
-        heads, dim, dtype = self._kv
-        cache = KVCache(self.num_layers, heads, dim, dtype)
+        runner = self.kv_runner(len(prompt_ids) + budget)
+        used = 0
         seen = list(prompt_ids)
         new: list[int] = []
         emitted = 0  # characters of the text already given out
         text, finish = "", "length"
         tokens = prompt_ids  # the prefill: the whole prompt in one call
         for step in range(budget):
-            token = sampler(self._step(tokens, cache), seen)
+            token = sampler(self.step(runner, tokens, used)[-1], seen)
+            used += len(tokens)
             seen.append(token)
             new.append(token)
             tokens = [token]
@@ -367,6 +372,20 @@ class DecoderSession:
             yield TokenEvent(token, text[emitted:safe])
             emitted = safe
         yield Generation(text, new, finish, len(prompt_ids))
+
+
+def _in_place(session: Session, past: Sequence[str]) -> bool:
+    """Every past input is read only by GroupQueryAttention (which writes the new slots into
+    a past buffer as wide as the mask and gives it back as the present)."""
+    readers: dict[str, list[Any]] = {name: [] for name in past}
+    for node in session.model.graph.all_nodes():
+        for value in node.inputs:
+            if value is not None and value.name in readers:
+                readers[value.name].append(node)
+    return all(
+        nodes and all(n.op_type == "GroupQueryAttention" for n in nodes)
+        for nodes in readers.values()
+    )
 
 
 def _first_stop(text: str, stops: list[str]) -> int | None:

@@ -21,7 +21,15 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 import onnx_ir as ir
 
-from ferry.backends import CompiledPartition, CompileSpec, check_options, get_backend
+from ferry.backends import (
+    CompiledPartition,
+    CompileSpec,
+    CopyingKVRunner,
+    KVLayout,
+    KVRunner,
+    check_options,
+    get_backend,
+)
 from ferry.errors import InvalidInputError
 from ferry.graph import graph_inputs
 from ferry.plan import Partition, Plan, check_plan, cut_partition
@@ -190,6 +198,17 @@ class Session:
         if self._single is not None:
             return self._single.run(feeds, wanted)
         return self._run_plan(feeds, wanted)
+
+    def kv_runner(self, layout: KVLayout) -> KVRunner:
+        """A runner for one sequence of a decoder with the cache ``layout`` describes: the
+        engine's own (ONNX Runtime's I/O binding) when the model runs whole on one engine that
+        keeps caches, else presents fed back as pasts through :meth:`run`."""
+        if self._single is not None:
+            engine = get_backend(self.plan.partitions[0].backend)
+            runner = engine.kv_runner(self._single, layout)
+            if runner is not None:
+                return runner
+        return CopyingKVRunner(self.run, layout)
 
     def _check_outputs(self, outputs: Sequence[str]) -> list[str]:
         if isinstance(outputs, str):

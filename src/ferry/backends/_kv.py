@@ -1,0 +1,96 @@
+"""A decoder's key/value cache kept by the engine: the layout a token loop asks for and the
+runner an engine hands back.
+
+The plain way to run a decoder step by step feeds each step's ``present.*`` outputs back as the
+next ``past_key_values.*`` inputs: the engine allocates and fills a cache one slot longer every
+step, and the caller holds it. An engine that can do better keeps the cache itself: ONNX Runtime
+binds past and present to one buffer per tensor (``OrtKVRunner``), allocated once for the
+sequence and written in place where the graph allows it (``GroupQueryAttention`` sharing past and
+present), and otherwise hands its presents back to itself as the next pasts without a copy
+through numpy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import numpy as np
+
+__all__ = ["CopyingKVRunner", "KVLayout", "KVRunner"]
+
+
+@dataclasses.dataclass(frozen=True)
+class KVLayout:
+    """What a decoder graph's cache looks like, for one sequence.
+
+    Attributes:
+        past: the past inputs, ``[batch, kv_heads, slots, head_dim]`` each.
+        present: the outputs that become them, in the same order.
+        logits: the logits output.
+        kv_heads: key/value heads per layer.
+        head_dim: the width of one head.
+        dtype: the cache's element type.
+        capacity: the slots this sequence needs (prompt + new tokens); an in-place cache is
+            allocated this wide once.
+        in_place: the graph takes a past as wide as ``capacity`` with ``attention_mask`` as wide
+            (1 for the slots in use) and writes each step's new slots into it, so past and
+            present may share one buffer.
+        batch: rows of the batch.
+    """
+
+    past: tuple[str, ...]
+    present: tuple[str, ...]
+    logits: str
+    kv_heads: int
+    head_dim: int
+    dtype: Any
+    capacity: int
+    in_place: bool
+    batch: int = 1
+
+    def empty(self, slots: int) -> np.ndarray:
+        """A zeroed cache tensor ``slots`` wide."""
+        return np.zeros((self.batch, self.kv_heads, slots, self.head_dim), dtype=self.dtype)
+
+
+class KVRunner(Protocol):
+    """Runs a decoder one step at a time over one sequence, the cache kept inside.
+
+    ``in_place`` says how wide ``attention_mask`` must be: the layout's ``capacity`` (an in-place
+    cache) or the slots in use so far plus the new ones.
+    """
+
+    layout: KVLayout
+    in_place: bool
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
+        """One step: ``feeds`` without the past inputs; the logits ``[batch, new, vocab]``."""
+        ...
+
+
+class CopyingKVRunner:
+    """The plain way, for any engine: each step's presents fed back as the next pasts.
+
+    Args:
+        run: runs the graph on all its inputs and returns the outputs asked for by name
+            (``Session.run`` or a compiled partition's ``run``).
+        layout: the cache's layout; ``in_place`` is not used.
+    """
+
+    in_place = False
+
+    def __init__(self, run: Any, layout: KVLayout) -> None:
+        self._run = run
+        self.layout = layout
+        empty = layout.empty(0)
+        self._past: dict[str, np.ndarray] = dict.fromkeys(layout.past, empty)
+        self._wanted = [layout.logits, *layout.present]
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
+        outputs = self._run({**feeds, **self._past}, self._wanted)
+        for past, present in zip(self.layout.past, self.layout.present):
+            self._past[past] = outputs[present]
+        logits: np.ndarray = outputs[self.layout.logits]
+        return logits

@@ -1,0 +1,69 @@
+"""ONNX Runtime keeps a decoder's cache itself, through I/O binding.
+
+In place (a graph whose past feeds ``GroupQueryAttention``): one zeroed buffer per cache tensor,
+``capacity`` slots wide, bound as both the past input and the present output, so every step
+writes its new slots into the buffer the next step reads; nothing is allocated or copied per
+token. Otherwise each step's presents stay ONNX Runtime's ``OrtValue``\\ s and are bound as the
+next step's pasts, with no copy through numpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ferry.backends._kv import KVLayout
+from ferry.errors import ExecutionError
+
+__all__ = ["OrtKVRunner"]
+
+
+class OrtKVRunner:
+    """A :class:`~ferry.backends.KVRunner` on an ``onnxruntime.InferenceSession``."""
+
+    def __init__(self, session: Any, layout: KVLayout, error_message: Any) -> None:
+        import onnxruntime as ort
+
+        self._session = session
+        self.layout = layout
+        self._message = error_message
+        # GroupQueryAttention takes a batch's prompt only without a past ("batch_size must be 1
+        # when sequence_length > 1 and past context is given"), so batches grow their cache.
+        self.in_place = layout.in_place and layout.batch == 1
+        self._binding = session.io_binding()
+        slots = layout.capacity if self.in_place else 0
+        # Keep the numpy buffers alive: the OrtValues borrow their memory.
+        self._buffers = [layout.empty(slots) for _ in layout.past]
+        for past, present, buffer in zip(layout.past, layout.present, self._buffers):
+            value = ort.OrtValue.ortvalue_from_numpy(buffer)
+            self._binding.bind_ortvalue_input(past, value)
+            if self.in_place:
+                self._binding.bind_ortvalue_output(present, value)
+            else:
+                self._binding.bind_output(present)
+        self._binding.bind_output(layout.logits)
+        # get_outputs() lists the outputs in the order they were first bound.
+        self._logits_index = len(layout.present)
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
+        binding = self._binding
+        for name, array in feeds.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        try:
+            self._session.run_with_iobinding(binding)
+        except Exception as e:  # ORT raises its own exception types from C++
+            raise ExecutionError(
+                f"onnxruntime failed to run the decoder: {self._message(e)}"
+            ) from e
+        outputs = binding.get_outputs()
+        if not self.in_place:
+            # This step's presents become the next step's pasts; the presents are unbound so
+            # that ONNX Runtime allocates the next ones (one slot longer).
+            for index, (past, present) in enumerate(zip(self.layout.past, self.layout.present)):
+                binding.bind_ortvalue_input(past, outputs[index])
+                binding.bind_output(present)
+        logits: np.ndarray = outputs[self._logits_index].numpy()
+        binding.bind_output(self.layout.logits)  # its width changes from the prompt to a token
+        return logits
