@@ -607,3 +607,42 @@ def test_a_decoder_exported_from_transformers_generates_as_transformers(tmp_path
         )
     assert ours == reference[0, len(PROMPT) :].tolist()
     assert len(ours) == 10, ours  # no early eos: every step through the cache compared
+
+
+@pytest.mark.slow
+def test_the_kit_smollm2_as_a_genai_folder(tmp_path: Path) -> None:
+    """The kit's SmolLM2 (int4 ort build, 30 layers) relaid as a GenAI folder with its own
+    names: taken as stored (int4, ort), and it chats exactly as the artifact it came from."""
+    from gguf_files import kit_gguf
+
+    artifact = convert_decoder(kit_gguf(), tmp_path / "artifact")
+    model = ir.load(artifact / "model.onnx")
+    model.metadata_props.clear()
+    for value in [*model.graph.inputs, *model.graph.outputs]:
+        parts = (value.name or "").split(".")
+        if parts[0] in ("past_key_values", "present"):
+            side = "past" if parts[0] == "past_key_values" else "present"
+            value.name = f"{side}_{parts[2]}.{parts[1]}"
+    folder = tmp_path / "genai"
+    folder.mkdir()
+    save_model(model, folder / "model.onnx", external_data=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(artifact / name, folder / name)
+    decoder = {
+        "head_size": 64,
+        "num_attention_heads": 9,
+        "num_hidden_layers": 30,
+        "num_key_value_heads": 3,
+        "inputs": {k: v for k, v in GENAI_NAMES.items() if k.startswith("past")},
+        "outputs": {k: v for k, v in GENAI_NAMES.items() if k.startswith("present")},
+    }
+    genai = {"model": {"eos_token_id": [2], "context_length": 8192, "decoder": decoder}}
+    (folder / "genai_config.json").write_text(json.dumps(genai))
+    out = convert_decoder(folder, tmp_path / "out")
+    section = manifest(out)
+    assert (section["precision"], section["flavour"]) == ("int4", "ort")
+    assert section["verified"].startswith("runs: finite logits [1, 9, 49152]")
+    chat = [{"role": "user", "content": "What is the capital of France?"}]
+    want = ferry.load(artifact).generate(messages=chat, max_new_tokens=12)
+    got = ferry.load(out).generate(messages=chat, max_new_tokens=12)
+    assert got.ids == want.ids and got.text == want.text

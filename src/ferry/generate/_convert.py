@@ -270,7 +270,7 @@ def _convert_onnx(
     """``convert_decoder`` for an optimum or GenAI folder: the graph as stored, renamed,
     checked, written."""
     from ferry.generate._artifact import write_decoder_artifact
-    from ferry.generate._onnx_source import read_onnx_decoder, refuse_options, stored_precision
+    from ferry.generate._onnx_source import read_onnx_decoder, refuse_options
 
     refuse_options(path, precision=precision, flavour=flavour, accuracy_level=accuracy_level)
     decoder = read_onnx_decoder(path, kind)
@@ -293,7 +293,7 @@ def _convert_onnx(
         generation_config=decoder.files.generation_config,
         report=report,
         source=str(path),
-        precision=stored_precision(report["weights"]),
+        precision=decoder.precision,
     )
 
 

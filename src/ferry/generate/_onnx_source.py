@@ -44,7 +44,6 @@ __all__ = [
     "onnx_decoder_kind",
     "read_onnx_decoder",
     "refuse_options",
-    "stored_precision",
 ]
 
 #: ``decoder_source_kind``'s answers for the two ONNX layouts.
@@ -119,6 +118,8 @@ class OnnxDecoder(NamedTuple):
     in memory)."""
     report: dict[str, Any]
     """For ferry.json: the layout, the file, the renames, the weights as stored."""
+    precision: str
+    """The precision most of the weights' values are stored in ("int4", "fp16", "fp32")."""
 
 
 def onnx_decoder_kind(folder: Path) -> str | None:
@@ -185,25 +186,19 @@ def read_onnx_decoder(folder: Path, kind: str) -> OnnxDecoder:
         ),
         position_ids="position_ids" if source_io.position_ids else None,
     )
+    weights, precision = _weights_as_stored(model)
     report: dict[str, Any] = {
         "source_kind": kind,
         "layout": layout,
         "model_file": model_file.name,
         "parameters": _parameters(model),
-        "weights": _weights_as_stored(model),
+        "weights": weights,
         # As ferry's own builds say it: "ort" when the graph needs onnxruntime's contrib ops.
         "flavour": "ort" if _uses_contrib_ops(model) else "standard",
     }
     if renames:
         report["renamed"] = renames
-    return OnnxDecoder(model, config, files, io, model_file, source_io, report)
-
-
-def stored_precision(weights: dict[str, int]) -> str:
-    """The precision most of the graph's matrices are stored in ("int4", "fp16", "fp32"...)."""
-    if not weights:
-        return "fp32"
-    return max(weights.items(), key=lambda kv: kv[1])[0].split(" ", 1)[0]
+    return OnnxDecoder(model, config, files, io, model_file, source_io, report, precision)
 
 
 def _is_causal_lm(config: dict[str, Any]) -> bool:
@@ -509,21 +504,29 @@ def _files(folder: Path, config: dict[str, Any]) -> DecoderFiles:
     return files._replace(generation_config=generation)
 
 
-def _weights_as_stored(model: ir.Model) -> dict[str, int]:
-    """The graph's matrices counted by how they are stored: "int4 (MatMulNBits)",
-    "int8 (DequantizeLinear)", "fp16", "fp32"..."""
+def _weights_as_stored(model: ir.Model) -> tuple[dict[str, int], str]:
+    """The graph's matrices counted by how they are stored ("int4 (MatMulNBits)",
+    "int8 (DequantizeLinear)", "fp16", "fp32"...), and the precision that holds most of their
+    values (small helper matrices, a block-sum indicator, do not outvote the projections)."""
     import onnx_ir as ir
 
     mix: Counter[str] = Counter()
+    values: Counter[str] = Counter()
     for node in ir.traversal.RecursiveGraphIterator(model.graph):
         if node.op_type == "MatMulNBits":
-            bits = node.attributes.get("bits")
-            mix[f"int{bits.as_int() if bits is not None else 4} (MatMulNBits)"] += 1
+            attrs = {
+                k: node.attributes[k].as_int() for k in ("bits", "N", "K") if k in node.attributes
+            }
+            bits = attrs.get("bits", 4)
+            mix[f"int{bits} (MatMulNBits)"] += 1
+            values[f"int{bits}"] += attrs.get("N", 0) * attrs.get("K", 0)
         elif node.op_type in ("MatMul", "Gemm") and len(node.inputs) > 1:
-            kind = _stored_kind(node.inputs[1])
-            if kind is not None:
-                mix[kind] += 1
-    return dict(mix)
+            found = _stored_kind(node.inputs[1])
+            if found is not None:
+                mix[found[0]] += 1
+                values[found[0].split(" ", 1)[0]] += found[1]
+    precision = values.most_common(1)[0][0] if values else "fp32"
+    return dict(mix), precision
 
 
 def _uses_contrib_ops(model: ir.Model) -> bool:
@@ -534,14 +537,15 @@ def _uses_contrib_ops(model: ir.Model) -> bool:
     )
 
 
-def _stored_kind(value: ir.Value | None) -> str | None:
-    """How a matrix operand is stored: followed back through casts and reshapes to a weight
-    or a DequantizeLinear of one; None for an activation."""
+def _stored_kind(value: ir.Value | None) -> tuple[str, int] | None:
+    """How a matrix operand is stored, and its values: followed back through casts and
+    reshapes to a weight or a DequantizeLinear of one; None for an activation."""
     for _ in range(4):
         if value is None:
             return None
         if value.const_value is not None:
-            return _FLOAT_NAMES.get(value.const_value.dtype.name, "fp32")
+            tensor = value.const_value
+            return _FLOAT_NAMES.get(tensor.dtype.name, "fp32"), _size(tensor)
         producer = value.producer()
         if producer is None:
             return None
@@ -550,11 +554,15 @@ def _stored_kind(value: ir.Value | None) -> str | None:
             if stored is None:
                 return None
             bits = "int4" if stored.dtype.name in ("INT4", "UINT4") else "int8"
-            return f"{bits} (DequantizeLinear)"
+            return f"{bits} (DequantizeLinear)", _size(stored)
         if producer.op_type not in ("Cast", "Reshape", "Transpose", "Identity"):
             return None
         value = producer.inputs[0]
     return None
+
+
+def _size(tensor: Any) -> int:
+    return int(np.prod(tensor.shape.numpy(), dtype=np.int64)) if tensor.shape else 1
 
 
 _FLOAT_NAMES = {"FLOAT16": "fp16", "BFLOAT16": "bf16", "FLOAT": "fp32", "DOUBLE": "fp64"}
@@ -567,7 +575,7 @@ def _parameters(model: ir.Model) -> int:
         tensor = value.const_value
         if tensor is None:
             continue
-        size = int(np.prod(tensor.shape.numpy(), dtype=np.int64)) if tensor.shape else 1
+        size = _size(tensor)
         total += size * 2 if tensor.dtype.name == "UINT8" else size
     return total
 
