@@ -154,8 +154,9 @@ def test_unknown_precision_and_flavour_are_refused() -> None:
 
 @pytest.mark.parametrize("flavour", ["standard", "ort"])
 def test_int4_runs_on_openvino(flavour: str, tmp_path: Any) -> None:
-    """OpenVINO reads MatMulNBits (and the ort flavour's fused operators) too; without its
-    dynamic activation quantization it computes the same values."""
+    """OpenVINO reads the standard flavour's DequantizeLinear and the ort flavour's MatMulNBits
+    (and its other fused operators); without its dynamic activation quantization it computes the
+    same values."""
     ov = pytest.importorskip("openvino")
     cfg = CONFIGS["llama_gqa"]
     weights = as_blocks(make_weights(cfg), "Q4_1")
@@ -188,6 +189,10 @@ def test_ort_flavour_gathers_the_embedding_from_its_blocks(kind: str) -> None:
     assert "embed" not in {init for init in model.graph.initializers}
     standard = build_decoder(cfg, weights, precision=precision, flavour="standard")
     assert "Gather" in ops(standard)
-    np.testing.assert_allclose(
-        logits_of(model, cfg), logits_of(standard, cfg), rtol=1e-4, atol=1e-4
-    )
+    got, want = logits_of(model, cfg), logits_of(standard, cfg)
+    if kind == "Q8_0":
+        # the ort flavour's 8-bit MatMulNBits multiplies int8 activations; the standard
+        # flavour's DequantizeLinear float ones
+        assert cosine(got, want) >= 0.999
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

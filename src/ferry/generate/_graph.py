@@ -38,7 +38,7 @@ __all__ = ["FLAVOURS", "PRECISIONS", "build_decoder"]
 #: "standard": plain ONNX ops every engine reads; "ort": onnxruntime's contrib operators.
 FLAVOURS = ("standard", "ort")
 #: Weight precisions the graph builder writes.
-PRECISIONS = ("fp32", "int8", "int4")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4")
 
 
 class WeightLike(Protocol):
@@ -73,12 +73,19 @@ def build_decoder(
     Args:
         config: The model's hyper-parameters.
         weights: Its tensors by canonical name ("embed", "layers.0.q", ...).
-        precision: "fp32"; "int4"/"int8": projections as onnxruntime's MatMulNBits, taking
-            GGUF Q4_0/Q4_1/Q8_0 blocks as they are and quantizing the rest per block of 32.
+        precision: "fp32"; "fp16"/"bf16": the embedding and projections stored in half
+            precision and widened to float32 for each product (activations, I/O and the
+            key/value cache stay float32); "int4"/"int8": GGUF Q4_0/Q4_1/Q8_0 blocks taken as
+            they are and the rest quantized per block of 32, as onnxruntime's MatMulNBits (ort
+            flavour) or blocked DequantizeLinear -> MatMul (standard flavour).
         flavour: "standard" (plain ONNX ops) or "ort" (onnxruntime contrib operators).
-        accuracy_level: MatMulNBits' accuracy_level for quantized builds: 0 multiplies float
-            activations (exact against the dequantized weights); 4 quantizes activations to int8
-            per block as llama.cpp does, faster on CPU.
+        accuracy_level: MatMulNBits' accuracy_level for the ort flavour's quantized builds: 0
+            multiplies float activations (exact against the dequantized weights); 4 quantizes
+            activations to int8 per block as llama.cpp does, faster on CPU. The standard
+            flavour leaves it to the engine: onnxruntime fuses DequantizeLinear -> MatMul into
+            MatMulNBits at its session option ``session.qdq_matmulnbits_accuracy_level``
+            (default 4), OpenVINO quantizes activations unless
+            ``DYNAMIC_QUANTIZATION_GROUP_SIZE`` is 0.
 
     Returns:
         The model; its metadata says "ferry.generative" = "decoder" and carries the config as
@@ -124,8 +131,9 @@ def build_decoder(
     hidden = quant.embedding(input_ids, weights["embed"])
     embed_value = None
     if hidden is None:
-        embed_value = b.init("embed", weights["embed"].float())
-        hidden = b.op("Gather", [embed_value, input_ids])
+        embed_value = b.init("embed", quant.stored(weights["embed"].float()))
+        # a half table is gathered as stored and only the rows widened
+        hidden = quant.widened(b.op("Gather", [embed_value, input_ids]))
     if config.embedding_scale != 1.0:
         hidden = b.op("Mul", [hidden, b.const(config.embedding_scale)])
 
@@ -337,8 +345,11 @@ def _lm_head(
     # Gemm with transB reads the (vocab, hidden) matrix as stored: no transposed copy, and a
     # tied head shares the embedding's initializer.
     flat = b.op("Reshape", [hidden, b.ints([-1, config.hidden_size])])
-    weight = embed_value if tied and embed_value is not None else b.init("lm_head", source.float())
-    logits = b.op("Gemm", [flat, weight], {"transB": 1})
+    if tied and embed_value is not None:
+        weight = embed_value
+    else:
+        weight = b.init("lm_head", quant.stored(source.float()))
+    logits = b.op("Gemm", [flat, quant.widened(weight)], {"transB": 1})
     out_shape = b.op(
         "Concat",
         [b.op("Shape", [hidden], {"start": 0, "end": 2}), b.ints([config.vocab_size])],

@@ -1,5 +1,7 @@
-"""The decoder's projections: float MatMul, or onnxruntime's MatMulNBits fed with GGUF blocks as
-they are stored (Q4_0, Q4_1, Q8_0: no second rounding) or with round-to-nearest blocks of 32.
+"""The decoder's projections: float MatMul (fp32, or fp16/bf16 weights widened to float32 for the
+product), onnxruntime's MatMulNBits (the "ort" flavour) or standard blocked DequantizeLinear ->
+MatMul (the "standard" flavour, which OpenVINO keeps compressed), fed with GGUF blocks as they are
+stored (Q4_0, Q4_1, Q8_0: no second rounding) or with round-to-nearest blocks of 32.
 
 MatMulNBits computes A @ dequant(B).T with, per row n and block j of 32 inputs,
 dequant = scale[n, j] * (code - zero_point[n, j]). GGUF's Q4_0 is exactly that with zero point 8
@@ -8,6 +10,8 @@ zero point -m / d, which onnxruntime 1.32 accepts but runs 20-40x slower than pa
 points (measured: 3.0 ms against 0.14 ms for 576 x 1536, one thread). So Q4_1 is split the way
 llama.cpp's own Q4_1 dot product splits it: A @ (d * q).T with zero point 0, plus the per-block
 sums of A times the minimums, sum_j (sum_{k in j} A_k) * m[n, j]: exact, and one small MatMul.
+The standard flavour's DequantizeLinear splits Q4_1 the same way (its zero point is an integer
+of the codes' type too).
 """
 
 from __future__ import annotations
@@ -28,6 +32,20 @@ if TYPE_CHECKING:
 BLOCK = 32
 #: Fuse projections of one input into one node (switchable to measure the difference).
 FUSE = True
+#: The standard flavour's quantized projections as com.microsoft MatMulNBits instead of
+#: DequantizeLinear (OpenVINO reads both; switchable to measure the difference).
+STANDARD_NBITS = False
+
+
+def half_dtype(precision: str) -> Any:
+    """numpy dtype of an fp16/bf16 build's stored weights (None for the others)."""
+    if precision == "fp16":
+        return np.dtype(np.float16)
+    if precision == "bf16":
+        import ml_dtypes  # onnx_ir's own dependency
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return None
 
 
 @dataclass
@@ -79,13 +97,16 @@ class Quantizer:
 
     Args:
         b: The graph being written.
-        precision: "fp32", "int8" or "int4".
+        precision: "fp32", "fp16", "bf16", "int8" or "int4". fp16/bf16 store the float
+            matrices in half precision and widen them (Cast) to float32 for the product:
+            activations and the key/value cache stay float32.
         accuracy_level: MatMulNBits' accuracy_level for 4-bit weights (0: float activations;
             4: int8 activations, faster, as llama.cpp quantizes activations for its dot
             products). 8-bit weights always take level 4.
 
     Attributes:
         quantized: True for int4/int8 builds.
+        half: The stored dtype of fp16/bf16 builds' float matrices, else None.
         errors: Per tensor the quantizer rounded itself, the max absolute error it added.
     """
 
@@ -93,6 +114,7 @@ class Quantizer:
         self.b = b
         self.precision = precision
         self.quantized = precision in ("int4", "int8")
+        self.half = half_dtype(precision)
         self.bits = 8 if precision == "int8" else 4
         self.accuracy_level = accuracy_level
         self.errors: dict[str, float] = {}
@@ -120,7 +142,7 @@ class Quantizer:
         in_features = weight.shape[-1]
         # MatMulNBits wants whole blocks along K; an odd width stays float.
         if not self.quantized or in_features % BLOCK or not in_features:
-            return _Plan(float_t=np.ascontiguousarray(weight.float().T))
+            return _Plan(float_t=self.stored(weight.float()).T)
         blocks = weight.blocks()
         if blocks is not None and blocks.bits in (4, 8):
             codes, scales, zeros, mins = _from_blocks(blocks)
@@ -134,14 +156,35 @@ class Quantizer:
     def _emit(self, x: ir.Value, plan: _Plan, name: str) -> ir.Value:
         b = self.b
         if plan.float_t is not None:
-            return b.op("MatMul", [x, b.init(name, plan.float_t)])
+            return b.op("MatMul", [x, self.widened(b.init(name, plan.float_t))])
         assert plan.codes is not None and plan.scales is not None and plan.zeros is not None
-        y = self.matmul_nbits(x, plan.codes, plan.scales, plan.zeros, plan.bits, name)
+        if b.fused or STANDARD_NBITS:
+            y = self.matmul_nbits(x, plan.codes, plan.scales, plan.zeros, plan.bits, name)
+        else:
+            weight = dequantize_linear(b, plan.codes, plan.scales, plan.zeros, plan.bits, name)
+            y = b.op("MatMul", [x, weight])
         if plan.mins is None:
             return y
         k = plan.codes.shape[1]
         shift = b.op("MatMul", [self.block_sums(x, k), b.init(name + ".mins", plan.mins.T)])
         return b.op("Add", [y, shift])
+
+    def stored(self, array: np.ndarray) -> np.ndarray:
+        """A float weight as this build stores it: float32, or rounded once to fp16/bf16 (an
+        F16/BF16 source's own values come back exactly: float32 holds them all)."""
+        return np.ascontiguousarray(
+            array.astype(self.half if self.half is not None else np.float32)
+        )
+
+    def widened(self, value: ir.Value) -> ir.Value:
+        """A stored weight as float32 for the product: a Cast after a half initializer, which
+        onnxruntime and OpenVINO (2026.4) both fold once at load into a float32 constant: half
+        the file, float32 speed and accuracy of every product (see docs/generating.md)."""
+        if self.half is None:
+            return value
+        import onnx_ir as ir
+
+        return self.b.op("Cast", [value], {"to": ir.DataType.FLOAT})
 
     def embedding(self, ids: ir.Value, weight: Any) -> ir.Value | None:
         """The token embedding as onnxruntime's GatherBlockQuantized when the source stores it
@@ -215,6 +258,40 @@ class Quantizer:
             },
             domain=MS_DOMAIN,
         )
+
+
+def dequantize_linear(
+    b: Builder, codes: np.ndarray, scales: np.ndarray, zeros: np.ndarray, bits: int, name: str
+) -> ir.Value:
+    """The (K, N) float weight as one standard DequantizeLinear (opset 21: blocks of 32 along
+    axis 0) of codes (N, K), scales and zero points (N, K/32), ready for MatMul.
+
+    A zero point that is the same 8 (4-bit) or 128 (8-bit) everywhere -- GGUF's Q4_0 and Q8_0 --
+    becomes signed int4/int8 codes and no zero point: the symmetric form OpenVINO decompresses
+    with one multiply. Others (round-to-nearest, Q4_1 with zero point 0) stay uint4/uint8 with
+    their zero points.
+    """
+    import ml_dtypes  # onnx_ir's own dependency
+
+    middle = 1 << (bits - 1)
+    signed = bool((zeros == middle).all())
+    if signed:
+        code_type = ml_dtypes.int4 if bits == 4 else np.int8
+        data = (codes.astype(np.int16) - middle).astype(np.int8)
+    else:
+        code_type = ml_dtypes.uint4 if bits == 4 else np.uint8
+        data = codes
+    inputs = [
+        b.init(name + ".qweight", np.ascontiguousarray(data.T).astype(code_type)),
+        b.init(name + ".scales", np.ascontiguousarray(scales.T).astype(np.float32)),
+    ]
+    if not signed and zeros.any():
+        inputs.append(
+            b.init(name + ".zero_points", np.ascontiguousarray(zeros.T).astype(code_type))
+        )
+    # axis 0 of the (K, N) weight MatMul reads: onnxruntime fuses exactly this form into
+    # MatMulNBits, OpenVINO into its compressed FullyConnected
+    return b.op("DequantizeLinear", inputs, {"axis": 0, "block_size": BLOCK})
 
 
 def _from_blocks(blocks: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
