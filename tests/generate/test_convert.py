@@ -138,8 +138,8 @@ def test_int8_and_unknown_precisions(source: Any, tmp_path: Path) -> None:
     # Q4_0 blocks are kept as stored (4-bit) even at int8: never a second rounding
     assert section["weights"]["int4 (Q4_0 as stored)"] == 14
     assert section["weights"]["int8 (rounded from F32)"] == 1
-    with pytest.raises(InvalidInputError, match="fp16/bf16 decoders are not built yet"):
-        convert_decoder(path, tmp_path / "x", precision="fp16")
+    with pytest.raises(InvalidInputError, match="precision 'int3' is not one of"):
+        convert_decoder(path, tmp_path / "x", precision="int3")
     with pytest.raises(InvalidInputError, match="flavour"):
         convert_decoder(path, tmp_path / "x", flavour="trt")
     with pytest.raises(ModelLoadError, match="no such"):

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DECODER_PRECISIONS", "convert_decoder", "decoder_source_kind", "default_precision"]
 
-#: Precisions ``convert_decoder`` builds (fp16 and bf16 are not written yet).
-DECODER_PRECISIONS = ("int4", "int8", "fp32")
+#: Precisions ``convert_decoder`` builds (fp16/bf16: half weights, float32 compute and cache).
+DECODER_PRECISIONS = ("int4", "int8", "fp32", "fp16", "bf16")
 _GGUF_MAGIC = b"GGUF"
 # The projections build_decoder multiplies (the rest, norms and the embedding, stay float).
 _MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
@@ -150,7 +150,6 @@ def convert_decoder(
     if precision is not None and precision not in DECODER_PRECISIONS:
         raise InvalidInputError(
             f"precision {precision!r} is not one of {', '.join(DECODER_PRECISIONS)}"
-            + (" (fp16/bf16 decoders are not built yet)" if precision in ("fp16", "bf16") else "")
         )
     if flavour not in FLAVOURS:
         raise InvalidInputError(f"flavour {flavour!r} is not one of {', '.join(FLAVOURS)}")
