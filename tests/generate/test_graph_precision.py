@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import ml_dtypes
@@ -233,3 +234,32 @@ def test_standard_quantized_runs_on_openvino(
     if kind is not None:
         want = logits_of(build_decoder(cfg, weights), cfg)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+# -- through convert_decoder ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_convert_keeps_an_f16_gguf_exactly(precision: str, tmp_path: Any) -> None:
+    """An F16 GGUF converted at fp16 stores exactly its values (bf16: rounded once from them),
+    and the artifact passes convert_decoder's own cached-step check."""
+    from test_convert import tiny_gguf
+
+    from ferry.formats import read_gguf
+    from ferry.generate._convert import convert_decoder
+
+    path, _, _ = tiny_gguf(tmp_path / "tiny.F16.gguf", matrix_type="F16")
+    folder = convert_decoder(path, tmp_path / precision, precision=precision)
+    model = ir.load(folder / "model.onnx")
+    down = model.graph.initializers["layers.0.down"].const_value
+    assert down is not None
+    assert down.dtype == (ir.DataType.FLOAT16 if precision == "fp16" else ir.DataType.BFLOAT16)
+    source = read_gguf(path).tensors["blk.0.ffn_down.weight"]
+    assert source.ggml_type == "F16"
+    want = source.dequantize().T.astype(HALF[precision]).astype(np.float32)
+    np.testing.assert_array_equal(down.numpy().astype(np.float32), want)
+    if precision == "fp16":
+        np.testing.assert_array_equal(want, source.dequantize().T)
+    section = json.loads((folder / "ferry.json").read_text())["generative"]
+    assert section["precision"] == precision
+    assert section["verified"].startswith("runs")
