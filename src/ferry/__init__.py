@@ -166,6 +166,16 @@ def load(
                 f"{os.fspath(source)} is a generative decoder: {names} apply to models run one "
                 "forward at a time; leave them out (a decoder's sizes come from the prompt)"
             )
+        if isinstance(backends, str) and backends.strip().lower() == "auto":
+            from ferry.generate._auto import auto_decoder
+
+            return auto_decoder(  # type: ignore[return-value]  # documented: a DecoderSession
+                source,
+                threads=threads,
+                precision=precision,
+                cache_dir=cache_dir,
+                options=options,
+            )
         decoder = DecoderSession.from_folder(
             source,
             backends=backends,

@@ -86,6 +86,8 @@ class DecoderSession:
         context_length: int | None = None,
     ) -> None:
         self.session = session
+        #: With ``backends="auto"``: what was measured and chosen (a ``DecoderChoice``).
+        self.auto: Any = None
         self.tokenizer = tokenizer
         self.template = template
         self.generation_config = dict(generation_config or {})
