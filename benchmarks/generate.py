@@ -1,4 +1,5 @@
-"""Generation speed of the kit's SmolLM2-135M-Instruct (GGUF Q4_1) through ferry, in one table.
+"""Generation speed of the kit's SmolLM2-135M-Instruct (GGUF Q4_1) through ferry and its peers,
+in one table, and the fidelity of ferry's int4 build against llama.cpp on the same GGUF.
 
 The GGUF is converted once per precision the converter offers (int4: the Q4_1 blocks as stored;
 int8: requantized per block of 32; fp32: dequantized, built from standard ONNX ops so that
@@ -6,21 +7,35 @@ OpenVINO can run it too), into ``--work`` (kept between runs; ``--rebuild`` buil
 each artifact is measured by ``ferry bench ARTIFACT --generate`` on the engines asked for: time to
 first token after a fixed prompt of ``--prompt-tokens`` tokens, prefill and decode tokens/s of
 greedy decoding of exactly ``--new-tokens`` tokens (eos ignored), and peak RSS of a fresh process
-per configuration; the median and (min-max) of ``-n`` generations. OpenVINO on an int4/int8
-artifact (ONNX Runtime's MatMulNBits) is skipped with the reason.
+per configuration; the median and (min-max) of ``-n`` generations after one warm-up. OpenVINO on
+an int4/int8 artifact (ONNX Runtime's MatMulNBits) is skipped with the reason.
 
-The peers (llama.cpp through llama-cpp-python on the same GGUF, ONNX Runtime GenAI, OpenVINO
-GenAI) are measured separately, each in its own environment; their figures and how they were
-built are in /work/shared/notes/llm-peers.md.
+``--peers llamacpp,ortgenai,ovgenai`` (default: those whose environment exists) adds a row per
+peer to the same table, each measured the same way (the same prompt ids, threads, greedy, exactly
+``--new-tokens`` tokens, one warm-up then ``-n`` runs) by its worker script in
+benchmarks/_llm_peers/, run in a fresh process with the peer's own Python (the venvs
+scripts/llm-peers-env.sh makes): llama.cpp (llama-cpp-python) on the GGUF as stored; ONNX Runtime
+GenAI on the int4 model its builder makes from a Hugging Face folder of the GGUF dequantized
+(built once into ``--work``); OpenVINO GenAI's LLMPipeline reading the GGUF itself.
+
+``--fidelity`` compares ferry's default int4 build (the Q4_1 blocks as stored) with llama.cpp on
+the same GGUF: (a) greedy tokens on the kit's 16 chat prompts x ``--fidelity-tokens`` new tokens
+(each ending at an eos), counted up to the first divergence per prompt and as matching positions
+(target >= 95%); (b) the perplexity of benchmarks/data/passage.txt (2,019 words, public domain):
+ferry's ``perplexity`` on its own tokens, llama.cpp (``logits_all``) fed the very same ids in the
+same windows of ``--ppl-window`` tokens; the ratio (target within 1%).
 
     python benchmarks/generate.py [--prompt-tokens 128] [--new-tokens 128] [--threads 2] [-n 3]
-        [--precisions int4,int8,fp32] [--backends onnxruntime,openvino] [--json out.json]
+        [--precisions int4,int8,fp32|none] [--backends onnxruntime,openvino]
+        [--peers llamacpp,ortgenai,ovgenai|none] [--fidelity] [--markdown] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -36,6 +51,57 @@ if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().p
 
 GGUF = Path.home() / ".cache/ferry-kit/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 PRECISIONS = ("int4", "int8", "fp32")
+PASSAGE = ROOT / "benchmarks" / "data" / "passage.txt"
+WORKERS = ROOT / "benchmarks" / "_llm_peers"
+# The kit's inputs.py (chat_prompts): the shared kit, else the repository's older copy.
+KIT_INPUTS = (
+    ROOT.parent / "shared" / "kit" / "inputs.py",
+    ROOT / "tests" / "real" / "kit" / "inputs.py",
+)
+# A peer's worker is killed after this long.
+WORKER_TIMEOUT_S = 1800
+
+
+class Peer:
+    """A generative peer: its venv beside the repository, its worker script, how its row reads."""
+
+    def __init__(self, name: str, title: str, weights: str, note: str) -> None:
+        self.name, self.title, self.weights, self.note = name, title, weights, note
+
+    @property
+    def python(self) -> Path:
+        return ROOT / f".venv-{self.name}" / "bin" / "python"
+
+    @property
+    def worker(self) -> Path:
+        return WORKERS / f"{self.name}.py"
+
+
+PEERS = {
+    p.name: p
+    for p in (
+        Peer(
+            "llamacpp",
+            "llama.cpp",
+            "GGUF Q4_1 as stored",
+            "llama-cpp-python compiled here from its source distribution (CPU, GGML_NATIVE), "
+            "the GGUF's blocks as stored; its own sampler (greedy), cache emptied before each run",
+        ),
+        Peer(
+            "ortgenai",
+            "ONNX Runtime GenAI",
+            "int4 from its builder",
+            "its model builder (-p int4 -e cpu: round-to-nearest blocks of 32) on a Hugging Face "
+            "folder of the GGUF dequantized to float32 by transformers",
+        ),
+        Peer(
+            "ovgenai",
+            "OpenVINO GenAI",
+            "its GGUF reader",
+            "LLMPipeline reading the GGUF itself (its own conversion), prefix caching off",
+        ),
+    )
+}
 
 
 def convert(gguf: Path, folder: Path, precision: str) -> None:
@@ -110,17 +176,306 @@ def bench(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def run_worker(peer: Peer, job: dict[str, Any]) -> dict[str, Any]:
+    """``job`` run by the peer's worker script in a fresh process with the peer's Python; its
+    result, or ``{"error": ...}`` saying why there is none."""
+    with tempfile.TemporaryDirectory(prefix=f"ferry-peer-{peer.name}-") as tmp:
+        job_file, out_file = Path(tmp) / "job.json", Path(tmp) / "out.json"
+        job_file.write_text(json.dumps(job), encoding="utf-8")
+        command = [str(peer.python), str(peer.worker), str(job_file), str(out_file)]
+        try:
+            proc = subprocess.run(
+                command, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S, check=False
+            )
+        except subprocess.TimeoutExpired:
+            return {"error": f"{peer.title} took over {WORKER_TIMEOUT_S} s; gave up"}
+        try:
+            out: dict[str, Any] = json.loads(out_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            tail = proc.stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+            return {"error": f"{peer.title}'s worker died: {tail[0]}"}
+    if out.get("error"):
+        print(proc.stderr, file=sys.stderr)
+    return out
+
+
+def available_peers(asked: str | None) -> tuple[list[Peer], list[str]]:
+    """The peers to measure and a line per peer left out (no venv: how to make it)."""
+    names = list(PEERS) if asked is None else [n for n in asked.split(",") if n and n != "none"]
+    unknown = [n for n in names if n not in PEERS]
+    if unknown:
+        raise SystemExit(f"--peers: unknown {', '.join(unknown)}; known: {', '.join(PEERS)}")
+    found, missing = [], []
+    for name in names:
+        peer = PEERS[name]
+        if peer.python.is_file():
+            found.append(peer)
+        else:
+            missing.append(
+                f"{peer.title} not measured: no {peer.python.parent.parent.name}/ "
+                f"(make it with: bash scripts/llm-peers-env.sh {name})"
+            )
+    return found, missing
+
+
+def ortgenai_model(args: argparse.Namespace, console: Any) -> tuple[Path | None, str | None]:
+    """ONNX Runtime GenAI's int4 model of the GGUF in ``--work`` (built by its builder once)."""
+    out = args.work / "ortgenai-int4"
+    if args.rebuild or not (out / "genai_config.json").is_file():
+        start = time.perf_counter()
+        done = run_worker(
+            PEERS["ortgenai"], {"mode": "build", "gguf": str(args.gguf), "out": str(out)}
+        )
+        if done.get("error"):
+            return None, f"its model builder failed: {done['error']}"
+        console.print(
+            f"built ONNX Runtime GenAI's int4 model in {time.perf_counter() - start:.0f} s: {out}"
+        )
+    return out, None
+
+
+def measure_peer(
+    peer: Peer, prompt: list[int], args: argparse.Namespace, console: Any
+) -> dict[str, Any]:
+    """The peer's row, with the keys of ``ferry bench --generate``'s configurations."""
+    job: dict[str, Any] = {
+        "mode": "speed",
+        "gguf": str(args.gguf),
+        "prompt": prompt,
+        "new_tokens": args.new_tokens,
+        "threads": args.threads,
+        "warmup": 1,
+        "repeats": args.repeats,
+    }
+    out: dict[str, Any] = {}
+    if peer.name == "ortgenai":
+        model, error = ortgenai_model(args, console)
+        out = {"error": error} if error else {}
+        job["model"] = str(model)
+    if not out:
+        out = run_worker(peer, job)
+    # "2026.4.1.0-3408-ab01d1771e4": the release, not the build.
+    version = str(out["version"]).split("-")[0] if out.get("version") else None
+    return {
+        "label": f"{peer.title}{' ' + version if version else ''} / {peer.weights}",
+        "backend": peer.name,
+        "precision": peer.weights,
+        "threads": args.threads,
+        "baseline": False,
+        "requested": True,
+        "skipped": None,
+        **{
+            k: out.get(k)
+            for k in (
+                "load_s",
+                "rss_before_load_mb",
+                "peak_rss_mb",
+                "prompt_tokens",
+                "new_tokens",
+                "ttft_ms",
+                "prefill_tokens_per_s",
+                "decode_tokens_per_s",
+            )
+        },
+        "note": peer.note,
+        "error": out.get("error"),
+    }
+
+
+def kit_chats(count: int) -> list[list[dict[str, str]]]:
+    """The kit's chat prompts (its inputs.py's ``chat_prompts``), as tests/real reads them."""
+    for path in KIT_INPUTS:
+        spec = importlib.util.spec_from_file_location("_kit_inputs_chat", path)
+        if spec is None or spec.loader is None or not path.is_file():
+            continue
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        if hasattr(module, "chat_prompts"):
+            return list(module.chat_prompts(count=count))
+    raise SystemExit(
+        f"--fidelity: no kit inputs.py with chat_prompts at {', '.join(map(str, KIT_INPUTS))}"
+    )
+
+
+def agreement(
+    ferry_tokens: list[list[int]], reference: list[list[int]], gaps: list[list[float]]
+) -> dict[str, Any]:
+    """Greedy agreement with the reference (llama.cpp): per prompt, the tokens up to the first
+    divergence, and the positions where both chose the same token, over the reference's tokens;
+    how many first divergences fall at a near-tie of the reference's top two logits (0.1%)."""
+    prefix = same = total = ties = 0
+    firsts: list[int | None] = []
+    for ours, ref, gap in zip(ferry_tokens, reference, gaps, strict=True):
+        first = next((i for i in range(len(ref)) if i >= len(ours) or ours[i] != ref[i]), None)
+        firsts.append(first)
+        prefix += len(ref) if first is None else first
+        same += sum(a == b for a, b in zip(ours, ref))
+        total += len(ref)
+        ties += first is not None and gap[first] <= 0.001
+    return {
+        "prompts": len(reference),
+        "reference_tokens": total,
+        "prefix_tokens": prefix,
+        "matching_positions": same,
+        "prefix_rate": prefix / total,
+        "matching_rate": same / total,
+        "identical_prompts": sum(f is None for f in firsts),
+        "first_divergences": firsts,
+        "divergences_at_near_ties": ties,
+    }
+
+
+def fidelity(args: argparse.Namespace, console: Any) -> dict[str, Any]:
+    """Ferry's int4 artifact against llama.cpp on the same GGUF: greedy agreement on the kit's
+    chat prompts and the passage's perplexity (module docstring)."""
+    from ferry.generate._loop import DecoderSession
+    from ferry.generate._perplexity import perplexity
+
+    peer = PEERS["llamacpp"]
+    if not peer.python.is_file():
+        raise SystemExit(
+            "--fidelity compares with llama.cpp: bash scripts/llm-peers-env.sh llamacpp"
+        )
+    folder = args.work / "smollm2-int4"
+    if not (folder / "model.onnx").is_file():
+        convert(args.gguf, folder, "int4")
+    decoder = DecoderSession.from_folder(
+        folder, backends=["onnxruntime"], threads=args.threads, cache_dir=False
+    )
+    assert decoder.template is not None
+    chats = kit_chats(args.fidelity_prompts)
+    prompts = [
+        list(decoder.tokenizer.encode(decoder.template.render(chat), add_special_tokens=False).ids)
+        for chat in chats
+    ]
+    start = time.perf_counter()
+    ours = [
+        list(decoder.generate(ids=ids, max_new_tokens=args.fidelity_tokens).ids) for ids in prompts
+    ]
+    ferry_s = time.perf_counter() - start
+    job = {
+        "mode": "greedy",
+        "gguf": str(args.gguf),
+        "threads": args.threads,
+        "prompts": prompts,
+        "new_tokens": args.fidelity_tokens,
+        "eos": sorted(decoder.eos_ids),
+    }
+    theirs = run_worker(peer, job)
+    if theirs.get("error"):
+        raise SystemExit(f"llama.cpp's greedy run failed: {theirs['error']}")
+    greedy = agreement(ours, theirs["tokens"], theirs["relative_gaps"])
+    console.print(f"greedy: ferry int4 {ferry_s:.0f} s for {len(prompts)} prompts")
+
+    passage = args.passage.read_text(encoding="utf-8")
+    start = time.perf_counter()
+    result = perplexity(decoder, passage, window=args.ppl_window or None)
+    ferry_s = time.perf_counter() - start
+    job = {
+        "mode": "perplexity",
+        "gguf": str(args.gguf),
+        "threads": args.threads,
+        "ids": list(result.ids),
+        "window": result.window,
+    }
+    theirs = run_worker(peer, job)
+    if theirs.get("error"):
+        raise SystemExit(f"llama.cpp's perplexity run failed: {theirs['error']}")
+    nll = theirs["token_nll"]
+    if len(nll) != result.tokens:
+        raise SystemExit(f"llama.cpp scored {len(nll)} tokens, ferry {result.tokens}")
+    llama_ppl = math.exp(sum(nll) / len(nll))
+    return {
+        "greedy": {**greedy, "new_tokens": args.fidelity_tokens},
+        "perplexity": {
+            "passage": str(
+                args.passage.relative_to(ROOT)
+                if args.passage.is_relative_to(ROOT)
+                else args.passage
+            ),
+            "tokens_scored": result.tokens,
+            "ids": len(result.ids),
+            "window": result.window,
+            "ferry_int4": result.ppl,
+            "llamacpp": llama_ppl,
+            "ratio": result.ppl / llama_ppl,
+            "ferry_s": ferry_s,
+        },
+    }
+
+
+def fidelity_lines(found: dict[str, Any]) -> list[str]:
+    g, p = found["greedy"], found["perplexity"]
+    return [
+        f"greedy agreement, ferry int4 vs llama.cpp on the same GGUF ({g['prompts']} kit chat prompts x "
+        f"{g['new_tokens']} new tokens): {g['prefix_tokens']}/{g['reference_tokens']} "
+        f"({100 * g['prefix_rate']:.1f}%) up to the first divergence per prompt, "
+        f"{g['matching_positions']}/{g['reference_tokens']} ({100 * g['matching_rate']:.1f}%) matching "
+        f"positions; {g['identical_prompts']} prompts identical, "
+        f"{g['divergences_at_near_ties']} divergences at a near-tie (top two within 0.1%) [target >= 95%]",
+        f"perplexity of {p['passage']} ({p['tokens_scored']} tokens scored, windows of {p['window']}): "
+        f"ferry int4 {p['ferry_int4']:.4f}, llama.cpp {p['llamacpp']:.4f}, "
+        f"ratio {p['ratio']:.4f} ({100 * (p['ratio'] - 1):+.2f}%) [target within 1%]",
+    ]
+
+
+def _cell(figure: dict[str, Any] | None) -> str:
+    if not figure:
+        return "-"
+    value = figure["median"]
+    digits = 0 if abs(value) >= 100 else 1 if abs(value) >= 10 else 2
+    return f"{value:.{digits}f}"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The table and the fidelity lines as markdown (medians), for the README."""
+    lines = [
+        "| configuration | prompt | new | TTFT ms | prefill tok/s | decode tok/s | peak RSS MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in results["configurations"]:
+        if row["skipped"] or row["error"]:
+            why = "skipped" if row["skipped"] else "failed"
+            lines.append(f"| {row['label']} | | | {why} | | | |")
+            continue
+        rss = row["peak_rss_mb"]
+        lines.append(
+            f"| {row['label']} | {row['prompt_tokens']} | {row['new_tokens']} | "
+            f"{_cell(row['ttft_ms'])} | {_cell(row['prefill_tokens_per_s'])} | "
+            f"{_cell(row['decode_tokens_per_s'])} | {'-' if rss is None else f'{rss:,.0f}'} |"
+        )
+    if "fidelity" in results:
+        lines.append("")
+        lines += [f"- {line}" for line in fidelity_lines(results["fidelity"])]
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gguf", type=Path, default=GGUF)
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "ferry-gen")
-    parser.add_argument("--precisions", default=",".join(PRECISIONS))
+    parser.add_argument(
+        "--precisions", default=",".join(PRECISIONS), help="ferry's builds, or none"
+    )
     parser.add_argument("--backends", default="onnxruntime,openvino")
+    parser.add_argument(
+        "--peers",
+        default=None,
+        help="llamacpp,ortgenai,ovgenai or none (default: those whose venv exists)",
+    )
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("-n", "--repeats", type=int, default=3)
     parser.add_argument("--rebuild", action="store_true")
+    parser.add_argument("--fidelity", action="store_true", help="ferry int4 against llama.cpp")
+    parser.add_argument("--fidelity-prompts", type=int, default=16)
+    parser.add_argument("--fidelity-tokens", type=int, default=32)
+    parser.add_argument("--passage", type=Path, default=PASSAGE)
+    parser.add_argument(
+        "--ppl-window", type=int, default=1024, help="tokens per window; 0: the whole passage"
+    )
+    parser.add_argument("--markdown", action="store_true", help="print the table as markdown too")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     if not args.gguf.is_file():
@@ -129,12 +484,30 @@ def main() -> int:
 
     from rich.console import Console
 
-    from ferry.bench import generate_lines, generate_table
+    from ferry.bench import device_summary, generate_lines, generate_table
     from ferry.bench._device import device_info
 
     console = Console(width=200, highlight=False)
-    merged: dict[str, Any] | None = None
-    for precision in args.precisions.split(","):
+    peers, missing = available_peers(args.peers)
+    for line in missing:
+        console.print(line)
+    precisions = [p for p in args.precisions.split(",") if p and p != "none"]
+    merged: dict[str, Any] = {
+        "schema": "ferry.bench.generate/1",
+        "model": {"name": args.gguf.name, "precisions": precisions},
+        "settings": {
+            "threads": args.threads,
+            "prompt_tokens": args.prompt_tokens,
+            "new_tokens": args.new_tokens,
+            "repeats": args.repeats,
+            "warmup": 1,
+            "isolated": True,
+            "prompt": "a fixed English passage (Alice's Adventures in Wonderland) tokenized "
+            "without special tokens, repeated and cut to prompt_tokens",
+        },
+        "configurations": [],
+    }
+    for precision in precisions:
         folder = args.work / f"smollm2-{precision}"
         if args.rebuild or not (folder / "model.onnx").is_file():
             start = time.perf_counter()
@@ -143,18 +516,37 @@ def main() -> int:
         results = bench(folder, args)
         for row in results["configurations"]:
             row["label"] = f"{precision} artifact / {row['label']}"
-        if merged is None:
-            merged = results
-        else:
-            merged["configurations"] += results["configurations"]
-    assert merged is not None
-    merged["model"] = {"name": args.gguf.name, "precisions": args.precisions.split(",")}
+        merged["settings"] = results["settings"]
+        merged["device"] = results["device"]
+        merged["configurations"] += results["configurations"]
+    if peers:
+        from ferry.bench._generate import prompt_ids
+        from ferry.formats import read_gguf
+        from ferry.generate import build_tokenizer
+
+        # The very prompt ids ferry's rows were given (the same tokenizer, passage and cut).
+        prompt = prompt_ids(build_tokenizer(read_gguf(args.gguf).metadata), args.prompt_tokens)
+        for peer in peers:
+            console.print(f"measuring {peer.title} ...")
+            merged["configurations"].append(measure_peer(peer, prompt, args, console))
+    if args.fidelity:
+        merged["fidelity"] = fidelity(args, console)
+    merged.setdefault("device", device_info())
     console.print(generate_table(merged))
     for line in generate_lines(merged):
         console.print(line)
-    from ferry.bench import device_summary
-
+    if peers:
+        console.print(
+            "peers: each in a fresh process with its own venv's Python, the same prompt ids; "
+            "ferry's decode steps also detokenize each token (as ferry generate streams), the "
+            "peers' workers do not."
+        )
+    if "fidelity" in merged:
+        for line in fidelity_lines(merged["fidelity"]):
+            console.print(line)
     console.print(f"device: {device_summary(device_info())}")
+    if args.markdown:
+        console.print(markdown(merged), markup=False)
     if args.json is not None:
         args.json.write_text(json.dumps(merged, indent=2) + "\n", encoding="utf-8")
     return 0
