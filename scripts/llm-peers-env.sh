@@ -22,7 +22,7 @@
 # Versions (override with the environment variables): FERRY_LLAMACPP_VERSION (0.3.36),
 # FERRY_ORTGENAI_VERSION (0.18.0), FERRY_OVGENAI_VERSION (2026.4.1.0). Then:
 #   .venv/bin/python benchmarks/generate.py --peers llamacpp,ortgenai,ovgenai --fidelity
-set -euo pipefail
+set -Eeuo pipefail
 
 FORCE=0
 PEERS=()
@@ -31,7 +31,7 @@ for arg in "$@"; do
     --force) FORCE=1 ;;
     llamacpp | ortgenai | ovgenai) PEERS+=("$arg") ;;
     -h | --help)
-        sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+        sed -n '2,/^set -Eeuo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *)
@@ -95,7 +95,7 @@ for peer in "${PEERS[@]}"; do
         # From the source distribution (never a prebuilt wheel): compiled for this CPU, CPU only.
         export CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_BLAS=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF"
         export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
-        say "llamacpp: compiling llama-cpp-python $LLAMACPP_VERSION with CMAKE_ARGS='$CMAKE_ARGS' (~7 min)"
+        say "llamacpp: llama-cpp-python $LLAMACPP_VERSION from source, CMAKE_ARGS='$CMAKE_ARGS' (installing it compiles for ~7 min)"
         make_venv llamacpp "llama-cpp-python==$LLAMACPP_VERSION $CMAKE_ARGS" \
             --no-binary llama-cpp-python --no-cache-dir "llama-cpp-python==$LLAMACPP_VERSION"
         unset CMAKE_ARGS
