@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from tests.generate.test_graph_decoder import CONFIGS, IDS, Runner, make_weights
 
-from ferry.backends import CopyingKVRunner, KVLayout, get_backend
+from ferry.backends import CopyingKVRunner, KVLayout
 from ferry.backends._onnxruntime_kv import OrtKVRunner
+from ferry.backends._openvino_kv import OpenVINOKVRunner
 from ferry.generate._graph import build_decoder
 from ferry.runtime import load
 
@@ -121,12 +122,33 @@ def test_a_left_padded_batch_grows_its_cache(tmp_path: Path) -> None:
     )
 
 
-def test_an_engine_that_keeps_no_cache_gets_the_numpy_feed_back(tmp_path: Path) -> None:
+@pytest.mark.parametrize("flavour", ["standard", "ort"])
+def test_openvino_keeps_the_cache_in_its_states(flavour: str, tmp_path: Path) -> None:
     pytest.importorskip("openvino")
     cfg = CONFIGS["llama_gqa"]
-    model = build_decoder(cfg, make_weights(cfg), flavour="standard")
+    model = build_decoder(cfg, make_weights(cfg), flavour=flavour)
     session = load(saved(model, tmp_path), backends="openvino")
-    assert get_backend("openvino").kv_runner(session._single, layout(cfg, 4, False)) is None
+    assert session.plan.backends == ["openvino"]
+    runner = session.kv_runner(layout(cfg, len(IDS), in_place=False))
+    assert isinstance(runner, OpenVINOKVRunner) and not runner.in_place
+    full = Runner(model, cfg).prompt(IDS)
+    np.testing.assert_allclose(run_steps(runner, IDS, CUTS, len(IDS)), full, rtol=1e-3, atol=1e-3)
+    # a second sequence starts empty
+    again = session.kv_runner(layout(cfg, len(IDS), in_place=False))
+    np.testing.assert_allclose(run_steps(again, IDS, CUTS, len(IDS)), full, rtol=1e-3, atol=1e-3)
+
+
+def test_an_engine_that_keeps_no_cache_gets_the_numpy_feed_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ferry.backends import BackendBase
+    from ferry.backends._onnxruntime import OnnxRuntimeBackend
+
+    # An engine that says nothing about caches (BackendBase's default).
+    monkeypatch.setattr(OnnxRuntimeBackend, "kv_runner", BackendBase.kv_runner)
+    cfg = CONFIGS["llama_gqa"]
+    model = build_decoder(cfg, make_weights(cfg), flavour="standard")
+    session = load(saved(model, tmp_path), backends="onnxruntime")
     runner = session.kv_runner(layout(cfg, len(IDS), in_place=False))
     assert isinstance(runner, CopyingKVRunner)
     full = Runner(model, cfg).prompt(IDS)

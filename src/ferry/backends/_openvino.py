@@ -21,8 +21,10 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from ferry.backends._api import CompileSpec
+from ferry.backends._api import CompiledPartition, CompileSpec
 from ferry.backends._base import BackendBase, exchangeable, model_source
+from ferry.backends._kv import KVLayout
+from ferry.backends._openvino_kv import OpenVINOKVRunner, stateful_model
 from ferry.backends._openvino_query import (
     DEVICE,
     candidate_model,
@@ -113,6 +115,12 @@ class OpenVINOBackend(BackendBase):
                 ) from e
         return OpenVINOPartition(spec, compiled, config)
 
+    def kv_runner(self, compiled: CompiledPartition, layout: KVLayout) -> OpenVINOKVRunner | None:
+        """The stateful model: the cache kept in OpenVINO's state variables."""
+        if not isinstance(compiled, OpenVINOPartition):
+            return None
+        return OpenVINOKVRunner(compiled.stateful(layout), layout)
+
     def load(self, blob: bytes, spec: CompileSpec) -> OpenVINOPartition:
         config = compile_config(spec.options)
         try:
@@ -181,6 +189,7 @@ class OpenVINOPartition:
                 f"{[sorted(o.get_names()) for o in compiled.outputs]}"
             )
         self._free: list[Any] = [compiled.create_infer_request()]
+        self._stateful: dict[tuple[tuple[str, ...], tuple[str, ...]], Any] = {}
         import openvino as ov
 
         self._tensor = ov.Tensor
@@ -193,6 +202,15 @@ class OpenVINOPartition:
                 wished,
                 self.inference_precision,
             )
+
+    def stateful(self, layout: KVLayout) -> Any:
+        """This partition compiled again as a stateful decoder (once per cache layout)."""
+        key = (layout.past, layout.present)
+        if key not in self._stateful:
+            with model_source(self.spec.model) as (data, file):
+                source = data if data is not None else str(file)
+                self._stateful[key] = stateful_model(ov_core(), source, layout, self.config)
+        return self._stateful[key]
 
     def run(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[str] | None = None

@@ -70,6 +70,7 @@ def command(
       ferry generate smollm/ --chat --prompt "Write a haiku about ferries." --max-new-tokens 64
       ferry generate smollm/ --chat --system "Answer in French." --prompt "Hello" \\
           --temperature 0.7 --top-p 0.9 --seed 1
+      ferry generate smollm/ --prompt "Once upon a time" --backends auto
     """
     from ferry.generate._loop import DecoderSession, Generation, is_generative_artifact
 
@@ -79,9 +80,12 @@ def command(
             "ferry.json nor ferry.generative in its model.onnx); make one with: "
             "ferry convert model.gguf -o FOLDER"
         )
-    session = DecoderSession.from_folder(
-        artifact, backends=backends, threads=threads, precision=precision
-    )
+    import ferry
+
+    session = ferry.load(artifact, backends=backends, threads=threads, precision=precision)
+    assert isinstance(session, DecoderSession)
+    if session.auto is not None:
+        _report_auto(session.auto)
     options: dict[str, Any] = {
         "max_new_tokens": max_new_tokens,
         "temperature": temperature,
@@ -121,3 +125,22 @@ def _report(result: Generation, start: float, first: float | None) -> None:
         f"{new} new tokens{ttft}, {decode:.1f} tokens/s",
         err=True,
     )
+
+
+def _report_auto(choice: Any) -> None:
+    """What ``--backends auto`` measured, one line per candidate, on stderr."""
+    origin = " (cached)" if choice.from_cache else ""
+    click.echo(
+        f"auto chose {choice.label}{origin}: decode tokens/s after a {choice.prompt_tokens}-token "
+        f"prompt, greedy agreement with onnxruntime over {choice.new_tokens} tokens:",
+        err=True,
+    )
+    for row in choice.table:
+        if row["error"]:
+            figures = row["error"]
+        else:
+            figures = (
+                f"{row['decode_tokens_per_s']:.1f} tokens/s, first token {row['ttft_ms']:.0f} ms, "
+                f"agreement {row['agreement']:.1%}" + ("" if row["passed"] else " (too low)")
+            )
+        click.echo(f"  {row['label']:<20} {figures}", err=True)

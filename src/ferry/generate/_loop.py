@@ -140,6 +140,10 @@ class DecoderSession:
         self.eos_ids: frozenset[int] = frozenset(
             [] if eos is None else [eos] if isinstance(eos, int) else eos
         )
+        if self._past:
+            # Prepare the engine's cache now, not in the first generate (OpenVINO compiles its
+            # stateful model here).
+            self.kv_runner(1)
 
     @classmethod
     def from_folder(cls, folder: str | os.PathLike[str], **load_options: Any) -> DecoderSession:
