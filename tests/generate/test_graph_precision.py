@@ -219,7 +219,8 @@ def test_standard_quantized_keeps_the_gguf_blocks_exactly(
 
 
 @pytest.mark.parametrize(
-    ("kind", "precision"), [("Q4_1", "int4"), ("Q4_0", "int4"), ("Q8_0", "int8"), (None, "int4")]
+    ("kind", "precision"),
+    [("Q4_1", "int4"), ("Q4_0", "int4"), ("Q8_0", "int8"), (None, "int4"), (None, "int8")],
 )
 def test_standard_quantized_runs_on_openvino(
     kind: str | None, precision: str, tmp_path: Any
