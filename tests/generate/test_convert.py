@@ -140,6 +140,16 @@ def test_int8_and_unknown_precisions(source: Any, tmp_path: Path) -> None:
     assert section["weights"]["int8 (rounded from F32)"] == 1
     with pytest.raises(InvalidInputError, match="precision 'int3' is not one of"):
         convert_decoder(path, tmp_path / "x", precision="int3")
+
+
+def test_half_precision_says_what_was_rounded(source: Any, tmp_path: Path) -> None:
+    path, _, _ = source
+    folder = convert_decoder(path, tmp_path / "fp16", precision="fp16", verify=False)
+    section = json.loads((folder / "ferry.json").read_text())["generative"]
+    assert section["weights"] == {"fp16 (rounded from Q4_0)": 14, "fp16 (rounded from F32)": 1}
+    result = run("convert", str(path), "-o", str(tmp_path / "bf16"), "--precision", "bf16")
+    assert result.exit_code == 0, result.output
+    assert "bf16 (rounded from Q4_0)" in result.output
     with pytest.raises(InvalidInputError, match="flavour"):
         convert_decoder(path, tmp_path / "x", flavour="trt")
     with pytest.raises(ModelLoadError, match="no such"):

@@ -19,9 +19,11 @@ reported as the median, min and max over the runs (and each run's value). Peak R
 process's high-water mark after the runs (interpreter and engine libraries included:
 ``rss_before_load_mb`` says how much of it they are); ``load_s`` is the session's load.
 
-OpenVINO (any engine but ONNX Runtime) is skipped, with the reason, when the graph holds ops of a
-domain other than ONNX's own (ONNX Runtime's ``com.microsoft`` contrib ops: MatMulNBits for
-int4/int8 weights, GroupQueryAttention...): only ONNX Runtime runs those.
+Each engine must run the whole graph: one that takes only part of it (the rest falling back to
+ONNX Runtime, a boundary crossed every token) is reported as an error naming where the graph was
+placed, not timed. Whether it can is found out by loading, not assumed from the ops' domains:
+OpenVINO reads several of ONNX Runtime's ``com.microsoft`` ops (MatMulNBits,
+GroupQueryAttention...).
 
 The results document (``schema`` ``"ferry.bench.generate/1"``)::
 
@@ -56,7 +58,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ferry.backends import get_backend
 from ferry.bench._spec import _AUTO, BenchSpec, Progress, Target, resolve_targets
 from ferry.errors import FerryError, InvalidInputError
 
@@ -203,7 +204,6 @@ def run_generate_bench(
     targets = resolve_targets(
         BenchSpec(backends=spec.backends, precisions=spec.precisions, threads=spec.threads)
     )
-    ops = "; ".join(f"{d}: {', '.join(o)}" for d, o in domains.items())
     job = {
         "folder": str(path),
         "threads": spec.threads,
@@ -216,12 +216,6 @@ def run_generate_bench(
     for i, target in enumerate(targets):
         report(f"generating: {target.label}", i, len(targets))
         skipped = None
-        if target.error is None and not set(domains) <= get_backend(target.backend).op_domains:
-            skipped = (
-                f"the graph holds ops of other domains than ONNX's ({ops}), which "
-                f"{target.backend} does not run; convert with --precision fp32 --flavour "
-                "standard (standard ops) to measure it"
-            )
         out: dict[str, Any] = {}
         if target.error is None and skipped is None:
             run = {**job, "backend": target.backend, "precision": target.precision}
@@ -340,6 +334,12 @@ def measure_job(job: dict[str, Any]) -> dict[str, Any]:
         cache_dir=False,
     )
     out["load_s"] = time.perf_counter() - start
+    placed = decoder.session.plan.backends
+    if len(decoder.session.plan.partitions) != 1 or placed != [job["backend"]]:
+        raise InvalidInputError(
+            f"{job['backend']} does not run the whole decoder (placed on {', '.join(placed)}); "
+            "convert with --flavour standard for plain ONNX ops"
+        )
     if decoder.context_length is not None and n + m > decoder.context_length:
         raise InvalidInputError(
             f"{n} prompt tokens + {m} new tokens exceed the model's context of "

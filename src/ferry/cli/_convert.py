@@ -79,7 +79,7 @@ if TYPE_CHECKING:
 )
 @click.option(
     "--precision",
-    type=click.Choice(["int4", "int8", "fp32"]),
+    type=click.Choice(["int4", "int8", "fp16", "bf16", "fp32"]),
     default=None,
     help="Decoders (GGUF, Hugging Face *ForCausalLM folder) only: weight precision. Default: "
     "as the source stores them (a Q4_1 GGUF stays int4, blocks as stored; float checkpoints fp32).",
@@ -96,7 +96,8 @@ if TYPE_CHECKING:
     type=click.IntRange(0, 4),
     default=None,
     help="Quantized decoders: MatMulNBits' accuracy_level. 0 (default): float activations, "
-    "exactly the stored weights; 4: int8 activations per block as llama.cpp, faster.",
+    "exactly the stored weights; 4: int8 activations per block, faster, further from the "
+    "source (and from llama.cpp, which rounds its own way).",
 )
 def command(
     source: Path,

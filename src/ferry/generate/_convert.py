@@ -196,6 +196,11 @@ def weight_mix(weights: DecoderWeights, precision: str) -> dict[str, int]:
     names.append("lm_head" if "lm_head" in weights else "embed")
     for name in names:
         weight = weights[name]
+        if precision in ("fp16", "bf16"):
+            exact = weight.storage == {"fp16": "F16", "bf16": "BF16"}[precision]
+            how = "as stored" if exact else f"rounded from {weight.storage}"
+            mix[f"{precision} ({how})"] += 1
+            continue
         if precision == "fp32" or weight.shape[-1] % 32:
             mix["fp32"] += 1
             continue
