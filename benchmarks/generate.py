@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 # Run as a script, this folder comes first on sys.path (benchmarks/tflite.py would shadow the
 # tflite schema package).
@@ -326,97 +328,123 @@ def agreement(
 
 
 def fidelity(args: argparse.Namespace, console: Any) -> dict[str, Any]:
-    """Ferry's int4 artifact against llama.cpp on the same GGUF: greedy agreement on the kit's
-    chat prompts and the passage's perplexity (module docstring)."""
+    """Ferry's builds (``--fidelity-builds``: int4, the default convert, and fp32, equal to
+    transformers' float model, for scale) against llama.cpp on the same GGUF: greedy agreement on
+    the kit's chat prompts and the passage's perplexity (module docstring). llama.cpp runs once,
+    on the ids of the first build (every build has the same tokenizer and template)."""
     from ferry.generate._loop import DecoderSession
-    from ferry.generate._perplexity import perplexity
 
     peer = PEERS["llamacpp"]
     if not peer.python.is_file():
         raise SystemExit(
             "--fidelity compares with llama.cpp: bash scripts/llm-peers-env.sh llamacpp"
         )
-    folder = args.work / "smollm2-int4"
-    if not (folder / "model.onnx").is_file():
-        convert(args.gguf, folder, "int4")
-    decoder = DecoderSession.from_folder(
-        folder, backends=["onnxruntime"], threads=args.threads, cache_dir=False
-    )
-    assert decoder.template is not None
-    chats = kit_chats(args.fidelity_prompts)
+    decoders = {}
+    for precision in args.fidelity_builds.split(","):
+        folder = args.work / f"smollm2-{precision}"
+        if not (folder / "model.onnx").is_file():
+            start = time.perf_counter()
+            convert(args.gguf, folder, precision)
+            console.print(f"converted {precision} in {time.perf_counter() - start:.0f} s: {folder}")
+        decoders[precision] = DecoderSession.from_folder(
+            folder, backends=["onnxruntime"], threads=args.threads, cache_dir=False
+        )
+    first = next(iter(decoders.values()))
+    assert first.template is not None
     prompts = [
-        list(decoder.tokenizer.encode(decoder.template.render(chat), add_special_tokens=False).ids)
-        for chat in chats
+        list(first.tokenizer.encode(first.template.render(chat), add_special_tokens=False).ids)
+        for chat in kit_chats(args.fidelity_prompts)
     ]
-    start = time.perf_counter()
+    passage = args.passage.read_text(encoding="utf-8")
+    # The ids perplexity() scores: the passage as the tokenizer encodes it, special tokens added.
+    ids = list(first.tokenizer.encode(passage, add_special_tokens=True).ids)
+    window = min(args.ppl_window or len(ids), len(ids))
+    greedy_job = {"prompts": prompts, "new_tokens": args.fidelity_tokens}
+    greedy_job["eos"] = sorted(first.eos_ids)
+    llama = {}
+    for mode, job in (("greedy", greedy_job), ("perplexity", {"ids": ids, "window": window})):
+        out = run_worker(
+            peer, {"mode": mode, "gguf": str(args.gguf), "threads": args.threads, **job}
+        )
+        if out.get("error"):
+            raise SystemExit(f"llama.cpp's {mode} run failed: {out['error']}")
+        llama[mode] = out
+    nll = llama["perplexity"]["token_nll"]
+    llama_ppl = math.exp(sum(nll) / len(nll))
+    builds = {
+        precision: score_build(decoder, prompts, passage, window, llama, llama_ppl, args)
+        for precision, decoder in decoders.items()
+    }
+    return {
+        "prompts": len(prompts),
+        "new_tokens": args.fidelity_tokens,
+        "passage": str(
+            args.passage.relative_to(ROOT) if args.passage.is_relative_to(ROOT) else args.passage
+        ),
+        "passage_tokens": len(ids),
+        "window": window,
+        "llamacpp_ppl": llama_ppl,
+        "builds": builds,
+    }
+
+
+def score_build(
+    decoder: Any,
+    prompts: list[list[int]],
+    passage: str,
+    window: int,
+    llama: dict[str, Any],
+    llama_ppl: float,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """One ferry build against llama.cpp's greedy tokens and perplexity."""
+    from ferry.generate._perplexity import perplexity, teacher_forced_logits
+
+    reference = llama["greedy"]["tokens"]
     ours = [
         list(decoder.generate(ids=ids, max_new_tokens=args.fidelity_tokens).ids) for ids in prompts
     ]
-    ferry_s = time.perf_counter() - start
-    job = {
-        "mode": "greedy",
-        "gguf": str(args.gguf),
-        "threads": args.threads,
-        "prompts": prompts,
-        "new_tokens": args.fidelity_tokens,
-        "eos": sorted(decoder.eos_ids),
-    }
-    theirs = run_worker(peer, job)
-    if theirs.get("error"):
-        raise SystemExit(f"llama.cpp's greedy run failed: {theirs['error']}")
-    greedy = agreement(ours, theirs["tokens"], theirs["relative_gaps"])
-    console.print(f"greedy: ferry int4 {ferry_s:.0f} s for {len(prompts)} prompts")
-
-    passage = args.passage.read_text(encoding="utf-8")
-    start = time.perf_counter()
-    result = perplexity(decoder, passage, window=args.ppl_window or None)
-    ferry_s = time.perf_counter() - start
-    job = {
-        "mode": "perplexity",
-        "gguf": str(args.gguf),
-        "threads": args.threads,
-        "ids": list(result.ids),
-        "window": result.window,
-    }
-    theirs = run_worker(peer, job)
-    if theirs.get("error"):
-        raise SystemExit(f"llama.cpp's perplexity run failed: {theirs['error']}")
-    nll = theirs["token_nll"]
-    if len(nll) != result.tokens:
-        raise SystemExit(f"llama.cpp scored {len(nll)} tokens, ferry {result.tokens}")
-    llama_ppl = math.exp(sum(nll) / len(nll))
-    return {
-        "greedy": {**greedy, "new_tokens": args.fidelity_tokens},
-        "perplexity": {
-            "passage": str(
-                args.passage.relative_to(ROOT)
-                if args.passage.is_relative_to(ROOT)
-                else args.passage
-            ),
-            "tokens_scored": result.tokens,
-            "ids": len(result.ids),
-            "window": result.window,
-            "ferry_int4": result.ppl,
-            "llamacpp": llama_ppl,
-            "ratio": result.ppl / llama_ppl,
-            "ferry_s": ferry_s,
-        },
-    }
+    found = agreement(ours, reference, llama["greedy"]["relative_gaps"])
+    # Teacher-forced: ferry's next token on llama.cpp's own continuation, step by step, so that
+    # one early divergence does not decide the rest of a prompt.
+    forced = 0
+    for ids, ref in zip(prompts, reference, strict=True):
+        logits = teacher_forced_logits(decoder, ids + ref[:-1])[len(ids) - 1 :]
+        forced += int((logits.argmax(axis=-1) == np.asarray(ref)).sum())
+    found["teacher_forced_matching"] = forced
+    found["teacher_forced_rate"] = forced / found["reference_tokens"]
+    result = perplexity(decoder, passage, window=window)
+    if result.tokens != len(llama["perplexity"]["token_nll"]):
+        raise SystemExit(
+            f"llama.cpp scored {len(llama['perplexity']['token_nll'])} tokens, ferry {result.tokens}"
+        )
+    found["ppl"] = result.ppl
+    found["ppl_ratio"] = result.ppl / llama_ppl
+    return found
 
 
 def fidelity_lines(found: dict[str, Any]) -> list[str]:
-    g, p = found["greedy"], found["perplexity"]
-    return [
-        f"greedy agreement, ferry int4 vs llama.cpp on the same GGUF ({g['prompts']} kit chat prompts x "
-        f"{g['new_tokens']} new tokens): {g['prefix_tokens']}/{g['reference_tokens']} "
-        f"({100 * g['prefix_rate']:.1f}%) up to the first divergence per prompt, "
-        f"{g['matching_positions']}/{g['reference_tokens']} ({100 * g['matching_rate']:.1f}%) matching "
-        f"positions; {g['identical_prompts']} prompts identical, "
-        f"{g['divergences_at_near_ties']} divergences at a near-tie (top two within 0.1%) [target >= 95%]",
-        f"perplexity of {p['passage']} ({p['tokens_scored']} tokens scored, windows of {p['window']}): "
-        f"ferry int4 {p['ferry_int4']:.4f}, llama.cpp {p['llamacpp']:.4f}, "
-        f"ratio {p['ratio']:.4f} ({100 * (p['ratio'] - 1):+.2f}%) [target within 1%]",
+    """One line per ferry build: greedy agreement and perplexity against llama.cpp."""
+    lines = [
+        f"fidelity against llama.cpp on the same GGUF: {found['prompts']} kit chat prompts x "
+        f"{found['new_tokens']} new tokens (greedy, to eos); perplexity of {found['passage']} "
+        f"({found['passage_tokens']} tokens, windows of {found['window']}): llama.cpp "
+        f"{found['llamacpp_ppl']:.4f}"
     ]
+    for precision, g in found["builds"].items():
+        total = g["reference_tokens"]
+        lines.append(
+            f"ferry {precision}: greedy {g['prefix_tokens']}/{total} ({100 * g['prefix_rate']:.1f}%) "
+            f"up to the first divergence per prompt, {g['matching_positions']}/{total} "
+            f"({100 * g['matching_rate']:.1f}%) matching positions, {g['identical_prompts']} of "
+            f"{g['prompts']} prompts identical, {g['divergences_at_near_ties']} first divergences "
+            f"at a near-tie (top two within 0.1%); teacher-forced on llama.cpp's tokens "
+            f"{g['teacher_forced_matching']}/{total} ({100 * g['teacher_forced_rate']:.1f}%); "
+            f"perplexity {g['ppl']:.4f}, ratio to llama.cpp {g['ppl_ratio']:.4f} "
+            f"({100 * (g['ppl_ratio'] - 1):+.2f}%)"
+        )
+    lines.append("targets (ferry int4): greedy >= 95%, perplexity within 1% of llama.cpp's")
+    return lines
 
 
 def _cell(figure: dict[str, Any] | None) -> str:
@@ -429,10 +457,12 @@ def _cell(figure: dict[str, Any] | None) -> str:
 
 def markdown(results: dict[str, Any]) -> str:
     """The table and the fidelity lines as markdown (medians), for the README."""
-    lines = [
-        "| configuration | prompt | new | TTFT ms | prefill tok/s | decode tok/s | peak RSS MiB |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
+    lines = []
+    if results["configurations"]:
+        lines += [
+            "| configuration | prompt | new | TTFT ms | prefill tok/s | decode tok/s | peak RSS MiB |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
     for row in results["configurations"]:
         if row["skipped"] or row["error"]:
             why = "skipped" if row["skipped"] else "failed"
@@ -445,7 +475,7 @@ def markdown(results: dict[str, Any]) -> str:
             f"{_cell(row['decode_tokens_per_s'])} | {'-' if rss is None else f'{rss:,.0f}'} |"
         )
     if "fidelity" in results:
-        lines.append("")
+        lines += [""] if lines else []
         lines += [f"- {line}" for line in fidelity_lines(results["fidelity"])]
     return "\n".join(lines)
 
@@ -469,6 +499,9 @@ def main() -> int:
     parser.add_argument("-n", "--repeats", type=int, default=3)
     parser.add_argument("--rebuild", action="store_true")
     parser.add_argument("--fidelity", action="store_true", help="ferry int4 against llama.cpp")
+    parser.add_argument(
+        "--fidelity-builds", default="int4,fp32", help="ferry's builds scored (int4 first)"
+    )
     parser.add_argument("--fidelity-prompts", type=int, default=16)
     parser.add_argument("--fidelity-tokens", type=int, default=32)
     parser.add_argument("--passage", type=Path, default=PASSAGE)
@@ -543,7 +576,7 @@ def main() -> int:
         )
     if "fidelity" in merged:
         for line in fidelity_lines(merged["fidelity"]):
-            console.print(line)
+            console.print(line, markup=False)
     console.print(f"device: {device_summary(device_info())}")
     if args.markdown:
         console.print(markdown(merged), markup=False)

@@ -15,7 +15,7 @@ from test_convert import prompt_logits, tiny_gguf
 from ferry.errors import InvalidInputError
 from ferry.generate._convert import convert_decoder
 from ferry.generate._loop import DecoderSession
-from ferry.generate._perplexity import log_softmax_nll, perplexity
+from ferry.generate._perplexity import log_softmax_nll, perplexity, teacher_forced_logits
 
 TEXT = "Some words, then more words: perplexity counts every next token!"
 
@@ -61,6 +61,16 @@ def test_windows_are_scored_each_from_an_empty_cache(artifact: Path) -> None:
     np.testing.assert_allclose(result.token_nll, expected, rtol=1e-4, atol=1e-5)
     # A lone last token has nothing in its window to predict it.
     assert perplexity(decoder, ids[:17], window=8).tokens == 7 + 7
+
+
+def test_teacher_forced_logits_match_one_full_pass(artifact: Path) -> None:
+    decoder = DecoderSession.from_folder(artifact, backends=["onnxruntime"], cache_dir=False)
+    ids = list(decoder.tokenizer.encode(TEXT, add_special_tokens=True).ids)
+    got = teacher_forced_logits(decoder, ids, chunk=4)
+    assert got.shape == (len(ids), 80)
+    np.testing.assert_allclose(got, prompt_logits(artifact, ids), rtol=1e-4, atol=1e-4)
+    with pytest.raises(InvalidInputError, match="chunk >= 1"):
+        teacher_forced_logits(decoder, ids, chunk=0)
 
 
 def test_refusals(artifact: Path) -> None:

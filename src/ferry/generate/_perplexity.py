@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +21,7 @@ from ferry.errors import InvalidInputError
 if TYPE_CHECKING:
     from ferry.generate._loop import DecoderSession
 
-__all__ = ["PerplexityResult", "log_softmax_nll", "perplexity"]
+__all__ = ["PerplexityResult", "log_softmax_nll", "perplexity", "teacher_forced_logits"]
 
 #: Tokens per graph call while scoring: the logits of a chunk are chunk x vocab floats.
 DEFAULT_CHUNK = 256
@@ -114,37 +114,14 @@ def perplexity(
             raise InvalidInputError(f"{name}={value!r}: it takes an int >= {least}")
     if context is not None and window > context:
         raise InvalidInputError(f"window={window} exceeds the model's context of {context} tokens")
-    layers, empty = _empty_past(session)
-    positions = "position_ids" in session.session.input_names
     nlls: list[np.ndarray] = []
     for start in range(0, len(ids), window):
         part = ids[start : start + window]
         if len(part) < 2:  # a lone last token: nothing in its window predicts it
             continue
-        past = {
-            f"past_key_values.{i}.{kind}": empty for i in range(layers) for kind in ("key", "value")
-        }
-        done = 0
         # The last token is only a target: no position after it is scored.
-        while done < len(part) - 1:
-            n = min(chunk, len(part) - 1 - done)
-            feeds: dict[str, np.ndarray] = {
-                "input_ids": np.asarray([part[done : done + n]], dtype=np.int64),
-                "attention_mask": np.ones((1, done + n), dtype=np.int64),
-                **past,
-            }
-            if positions:
-                feeds["position_ids"] = np.arange(done, done + n, dtype=np.int64)[None]
-            outputs = session.session.run(feeds)
-            logits = np.asarray(outputs["logits"])
-            if logits.ndim != 3 or logits.shape[1] != n:
-                raise InvalidInputError(
-                    f"the decoder gives logits of shape {list(logits.shape)} for {n} tokens; "
-                    "perplexity needs every position's logits ([1, tokens, vocab])"
-                )
-            nlls.append(log_softmax_nll(logits[0], part[done + 1 : done + n + 1]))
-            past = {name: outputs[name.replace("past_key_values", "present")] for name in past}
-            done += n
+        for done, logits in _chunk_logits(session, part[:-1], chunk):
+            nlls.append(log_softmax_nll(logits, part[done + 1 : done + 1 + len(logits)]))
     token_nll = np.concatenate(nlls)
     nll = float(token_nll.mean())
     return PerplexityResult(
@@ -155,6 +132,53 @@ def perplexity(
         window=window,
         token_nll=token_nll,
     )
+
+
+def teacher_forced_logits(
+    session: DecoderSession, ids: Sequence[int], *, chunk: int = DEFAULT_CHUNK
+) -> np.ndarray:
+    """The logits after each of ``ids`` ([len(ids), vocab], the graph's float type), the ids fed
+    ``chunk`` at a time through the key/value cache from an empty one: row i scores the token
+    that follows ``ids[:i + 1]``.
+
+    Raises:
+        InvalidInputError: no ids, ids outside the vocabulary, or a graph that does not give
+            per-position logits from past key/values.
+    """
+    ids = _ids(session, ids)
+    if not ids or isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise InvalidInputError(f"teacher_forced_logits takes ids and a chunk >= 1, got {chunk!r}")
+    return np.concatenate([logits for _, logits in _chunk_logits(session, ids, chunk)])
+
+
+def _chunk_logits(
+    session: DecoderSession, ids: Sequence[int], chunk: int
+) -> Iterator[tuple[int, np.ndarray]]:
+    """``(offset, [n, vocab] logits)`` for each chunk of ``ids`` run through the graph, the past
+    key/values of the chunks before it handed back (an empty cache first)."""
+    layers, empty = _empty_past(session)
+    positions = "position_ids" in session.session.input_names
+    past = {
+        f"past_key_values.{i}.{kind}": empty for i in range(layers) for kind in ("key", "value")
+    }
+    for done in range(0, len(ids), chunk):
+        n = min(chunk, len(ids) - done)
+        feeds: dict[str, np.ndarray] = {
+            "input_ids": np.asarray([ids[done : done + n]], dtype=np.int64),
+            "attention_mask": np.ones((1, done + n), dtype=np.int64),
+            **past,
+        }
+        if positions:
+            feeds["position_ids"] = np.arange(done, done + n, dtype=np.int64)[None]
+        outputs = session.session.run(feeds)
+        logits = np.asarray(outputs["logits"])
+        if logits.ndim != 3 or logits.shape[1] != n:
+            raise InvalidInputError(
+                f"the decoder gives logits of shape {list(logits.shape)} for {n} tokens; "
+                "scoring a text needs every position's logits ([1, tokens, vocab])"
+            )
+        past = {name: outputs[name.replace("past_key_values", "present")] for name in past}
+        yield done, logits[0]
 
 
 def _ids(session: DecoderSession, text: str | Sequence[int]) -> list[int]:
