@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from ferry.optimizer.rules.onnxruntime import _activations, _attention
+from ferry.optimizer.rules.onnxruntime import _activations, _attention, _decoder
 
 __all__ = ["rules"]
 
@@ -12,4 +12,5 @@ __all__ = ["rules"]
 rules: tuple[ModuleType, ...] = (
     _activations,
     _attention,
+    _decoder,
 )

@@ -1,0 +1,181 @@
+"""A decoder's residual Add and the RMSNorm after it fused into ONNX Runtime's
+``SkipSimplifiedLayerNormalization``.
+
+Decoders exported by ``torch.onnx``, optimum and the like write each llama-family block's
+``residual + sublayer`` sum and the RMSNorm that reads it as a dozen standard ops. Measured on
+onnxruntime 1.32's CPU provider at ``ORT_ENABLE_ALL`` (the level ferry's sessions run), ORT fuses
+the norm alone into ``SimplifiedLayerNormalization`` but never takes the residual ``Add`` in:
+neither from the decomposition nor from an existing ``SimplifiedLayerNormalization``, and its
+``SkipLayerNormalization`` fusion refuses a sum that is read again, which every decoder's residual
+is. So this module fuses the pair::
+
+    s = Add(a, b)
+    y = Mul(w, Mul(s, Div(1, Sqrt(Add(ReduceMean(Pow(s, 2), axes=[-1]), eps)))))
+                    ->  y, _, _, s = com.microsoft.SkipSimplifiedLayerNormalization(a, b, w, eps)
+    s = Add(a, b);  y = SimplifiedLayerNormalization(s, w, axis=-1)
+                    ->  the same
+
+in the spellings exporters write: ``Pow(s, 2)`` or ``Mul(s, s)``; the ``ReduceMean`` axes as an
+attribute (opset < 18) or an input; ``eps`` on either side of its ``Add``; ``Div(s, std)``,
+``Mul(s, Reciprocal(std))`` or ``Mul(s, Div(1, std))`` (``torch.rsqrt``) either way round; the
+weight on either side of the last ``Mul``. Transformers' ``LlamaRMSNorm`` casts to float32 and
+back around the norm; in a float32 model those Casts are no-ops that onnxscript's cast rules
+(run earlier in each pipeline round) remove, so they need no spelling here. The sum ``s`` is the
+op's fourth output, so the next block's residual still reads it.
+
+Guards (a failed one names itself in the rewriter's trace): float32 only (the type the contrib
+kernel is measured with here); the mean over the last axis only with ``keepdims=1``; ``eps`` a
+scalar constant; the weight a constant ``[D]`` vector with ``D`` the summed tensor's last dim;
+``a`` and ``b`` of one known shape, rank 2 or 3 (the op's contract: no broadcasting between
+them). A norm with no residual ``Add`` before it (a decoder's first block) is left as it is:
+ORT fuses that one itself, and a rule for it would change nothing ORT runs.
+
+Not here, measured the same way: ``DequantizeLinear`` (blocked, 4-bit) feeding ``MatMul`` ORT
+turns into ``MatMulNBits`` itself at the extended level. Extended level only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+from onnxscript.rewriter._basics import MatchResult
+from onnxscript.rewriter._rewrite_rule import RewriteRule
+
+from ferry.optimizer.rules._context import RuleContext
+from ferry.optimizer.rules.common._activations import (
+    element_type,
+    overridable_operand,
+    scalar_operand,
+)
+from ferry.optimizer.rules.common._constants import constant
+
+# The mean's axes are checked exactly as the LayerNormalization fusion checks them.
+from ferry.optimizer.rules.common._layer_norm import _reduces_last_axis
+
+__all__ = ["SkipRMSNormFusion", "rules"]
+
+#: ONNX Runtime's contrib op domain.
+MS_DOMAIN = "com.microsoft"
+
+
+def _dims(value: ir.Value) -> tuple[int | ir.SymbolicDim, ...] | None:
+    return None if value.shape is None else tuple(value.shape)
+
+
+def _same_shape(a: ir.Value, b: ir.Value) -> bool:
+    da, db = _dims(a), _dims(b)
+    if da is None or db is None or len(da) != len(db):
+        return False
+    # An unnamed symbolic dim equals nothing, not even another unnamed one.
+    return all(
+        not (isinstance(x, ir.SymbolicDim) and x.value is None) and bool(x == y)
+        for x, y in zip(da, db)
+    )
+
+
+class SkipRMSNormFusion(pattern.RewriteRuleClassBase):
+    """``Add`` then RMSNorm (decomposed, or ORT's ``SimplifiedLayerNormalization``) ->
+    ``com.microsoft.SkipSimplifiedLayerNormalization``.
+
+    Args:
+        form: ``"decomposed"`` with the ``ReduceMean`` axes as an attribute,
+            ``"decomposed_axes_input"`` with them as an input (opset >= 18), or ``"fused"``: a
+            ``SimplifiedLayerNormalization`` already there.
+        swap_root: the weight is the last ``Mul``'s first operand (``w * norm(s)``, as
+            transformers writes it); decomposed forms only.
+    """
+
+    def __init__(self, form: str = "decomposed", swap_root: bool = False) -> None:
+        super().__init__(f"SkipRMSNorm_{form}{'_swapped' if swap_root else ''}")
+        self.form = form
+        self.swap_root = swap_root
+
+    def pattern(self, op: Any, a: Any, b: Any, w: Any, epsilon: Any) -> Any:
+        s = op.Add(a, b, _outputs=["s"])
+        if self.form == "fused":
+            y = op.SimplifiedLayerNormalization(
+                s, w, _allow_other_attributes=True, _outputs=["norm"]
+            )
+            return y, s
+        squared = pattern.OrValue([op.Pow(s, pattern.Constant(2.0)), op.Mul(s, s)])
+        if self.form == "decomposed_axes_input":
+            mean = op.ReduceMean(
+                squared, pattern.Var("axes"), _allow_other_attributes=True, _outputs=["mean"]
+            )
+        else:
+            mean = op.ReduceMean(squared, _allow_other_attributes=True, _outputs=["mean"])
+        std = op.Sqrt(pattern.OrValue([op.Add(mean, epsilon), op.Add(epsilon, mean)]))
+        inverse = pattern.OrValue([op.Reciprocal(std), op.Div(pattern.Constant(1.0), std)])
+        normalized = pattern.OrValue([op.Div(s, std), op.Mul(s, inverse), op.Mul(inverse, s)])
+        y = op.Mul(w, normalized) if self.swap_root else op.Mul(normalized, w)
+        return y, s
+
+    def check(  # type: ignore[override]
+        self,
+        context: Any,
+        a: ir.Value,
+        b: ir.Value,
+        w: ir.Value,
+        s: ir.Value,
+        epsilon: ir.Value | None = None,
+        mean: ir.Value | None = None,
+        norm: ir.Value | None = None,
+        **_: Any,
+    ) -> MatchResult:
+        result = MatchResult()
+        dtype = element_type(s, [a, b, w])
+        if dtype != ir.DataType.FLOAT:
+            return result.fail(f"{s.name!r} is of type {dtype}, not float32", s)
+        if not _same_shape(a, b):
+            return result.fail(
+                f"{a.name!r} {_dims(a)} and {b.name!r} {_dims(b)} are not of one known shape", a
+            )
+        dims = _dims(a)
+        assert dims is not None
+        d = dims[-1] if len(dims) in (2, 3) else None
+        if not isinstance(d, int):
+            return result.fail(f"{a.name!r} is not [B, S, D] or [N, D] with D static", a)
+        weight = None if w.is_graph_input() else constant(w)
+        if weight is None or weight.shape != (d,):
+            return result.fail(f"the weight {w.name!r} is not a constant [{d}] vector", w)
+        if (default := overridable_operand(context)) is not None:
+            return result.fail(f"{default.name!r} is a graph input with a default", default)
+        if norm is not None:
+            node = norm.producer()
+            assert node is not None
+            axis = node.attributes.get_int("axis", -1)
+            if axis not in (-1, len(dims) - 1):
+                return result.fail(f"{node.name!r} normalizes from axis {axis}", node)
+            if any(out.uses() or out.is_graph_output() for out in node.outputs[1:]):
+                return result.fail(f"{node.name!r}'s inverse-std output is read", node)
+            self._epsilon = node.attributes.get_float("epsilon", 1e-5)
+            return result
+        assert mean is not None
+        if (why := _reduces_last_axis(mean, s)) is not None:
+            return result.fail(why, mean)
+        eps = scalar_operand(epsilon, s)
+        if eps is None:
+            return result.fail(f"epsilon {getattr(epsilon, 'name', None)!r} is not a constant")
+        self._epsilon = float(np.float32(eps))
+        return result
+
+    def rewrite(self, op: Any, a: ir.Value, b: ir.Value, w: ir.Value, **_: Any) -> Any:
+        y, _mean, _inv_std, s = op.SkipSimplifiedLayerNormalization(
+            a, b, w, epsilon=self._epsilon, _outputs=4, _domain=MS_DOMAIN
+        )
+        return y, s
+
+
+def rules(ctx: RuleContext) -> list[RewriteRule]:
+    """The residual + RMSNorm fusions, at the extended level."""
+    if not ctx.extended:
+        return []
+    decomposed = [
+        SkipRMSNormFusion.rule(form, swap)
+        for form in ("decomposed", "decomposed_axes_input")
+        for swap in (False, True)
+    ]
+    return [*decomposed, SkipRMSNormFusion.rule("fused")]
