@@ -26,8 +26,11 @@ op's fourth output, so the next block's residual still reads it.
 Guards (a failed one names itself in the rewriter's trace): float32 only (the type the contrib
 kernel is measured with here); the mean over the last axis only with ``keepdims=1``; ``eps`` a
 scalar constant; the weight a constant ``[D]`` vector with ``D`` the summed tensor's last dim;
-``a`` and ``b`` of one known shape, rank 2 or 3 (the op's contract: no broadcasting between
-them). A norm with no residual ``Add`` before it (a decoder's first block) is left as it is:
+``a`` and ``b`` of one shape, rank 2 or 3 (the op's contract: no broadcasting between them).
+ONNX's shape inference loses a decoder's batch and sequence names through the attention's
+computed reshapes and mask broadcasts, so where the recorded shapes cannot tell, the pass asks
+ONNX Runtime's symbolic shape inference, without its ``auto_merge`` (which would assume two
+broadcast dims equal): two dims it names alike are equal. A norm with no residual ``Add`` before it (a decoder's first block) is left as it is:
 ORT fuses that one itself, and a rule for it would change nothing ORT runs.
 
 Not here, measured the same way: ``DequantizeLinear`` (blocked, 4-bit) feeding ``MatMul`` ORT
@@ -36,14 +39,16 @@ turns into ``MatMulNBits`` itself at the extended level. Extended level only.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 from onnxscript.rewriter._basics import MatchResult
-from onnxscript.rewriter._rewrite_rule import RewriteRule
+from onnxscript.rewriter._rewrite_rule import RewriteRule, RewriteRuleSet
 
+from ferry.graph import inference_proto
 from ferry.optimizer.rules._context import RuleContext
 from ferry.optimizer.rules.common._activations import (
     element_type,
@@ -55,25 +60,81 @@ from ferry.optimizer.rules.common._constants import constant
 # The mean's axes are checked exactly as the LayerNormalization fusion checks them.
 from ferry.optimizer.rules.common._layer_norm import _reduces_last_axis
 
-__all__ = ["SkipRMSNormFusion", "rules"]
+__all__ = ["SkipRMSNormFusion", "SkipRMSNormPass", "passes", "rules"]
+
+logger = logging.getLogger(__name__)
 
 #: ONNX Runtime's contrib op domain.
 MS_DOMAIN = "com.microsoft"
 
 
-def _dims(value: ir.Value) -> tuple[int | ir.SymbolicDim, ...] | None:
-    return None if value.shape is None else tuple(value.shape)
+#: A value's dims as a shape inference found them: ints, symbol names, None where unknown.
+Dims = tuple[int | str | None, ...]
 
 
-def _same_shape(a: ir.Value, b: ir.Value) -> bool:
-    da, db = _dims(a), _dims(b)
-    if da is None or db is None or len(da) != len(db):
-        return False
+def _recorded(value: ir.Value) -> Dims | None:
+    if value.shape is None:
+        return None
     # An unnamed symbolic dim equals nothing, not even another unnamed one.
-    return all(
-        not (isinstance(x, ir.SymbolicDim) and x.value is None) and bool(x == y)
-        for x, y in zip(da, db)
-    )
+    return tuple(d if isinstance(d, int) else d.value for d in value.shape)
+
+
+def _dims(value: ir.Value, inferred: dict[str, Dims]) -> Dims | None:
+    """``value``'s recorded dims where every one is known, else the symbolic inference's."""
+    recorded = _recorded(value)
+    if recorded is not None and all(d is not None for d in recorded):
+        return recorded
+    return inferred.get(value.name or "", recorded)
+
+
+def _same_shape(a: ir.Value, b: ir.Value, inferred: dict[str, Dims]) -> bool:
+    """Whether the recorded shapes, or else the symbolic inference's, show ``a`` and ``b`` of
+    one shape (ONNX's inference names an unknown dim ``unk__N``, so recorded names that differ
+    prove nothing either way)."""
+    for da, db in (
+        (_recorded(a), _recorded(b)),
+        (inferred.get(a.name or ""), inferred.get(b.name or "")),
+    ):
+        if (
+            da is not None
+            and db is not None
+            and len(da) == len(db)
+            and all(x is not None and x == y for x, y in zip(da, db))
+        ):
+            return True
+    return False
+
+
+def symbolic_dims(model: ir.Model) -> dict[str, Dims]:
+    """Each value's dims by ONNX Runtime's symbolic shape inference without ``auto_merge``, as
+    far as it got; empty where it is unavailable (it needs sympy)."""
+    try:
+        from onnxruntime.tools import symbolic_shape_infer
+    except Exception as e:  # ImportError without sympy or onnxruntime
+        logger.debug("symbolic shape inference is unavailable: %s", e)
+        return {}
+    tool_logger = logging.getLogger(symbolic_shape_infer.__name__)
+    level = tool_logger.level
+    # It warns once per broadcast it cannot name ("unsupported broadcast"): an answer, not news.
+    tool_logger.setLevel(logging.ERROR)
+    inference = symbolic_shape_infer.SymbolicShapeInference(2**31 - 1, False, False, 0)
+    try:
+        inference._preprocess(inference_proto(model))
+        while inference.run_:
+            inference._infer_impl()
+    except Exception as e:  # best effort: what it found before stopping still holds
+        logger.debug("symbolic shape inference stopped early: %s", e)
+    finally:
+        tool_logger.setLevel(level)
+    found: dict[str, Dims] = {}
+    for name, info in getattr(inference, "known_vi_", {}).items():
+        if not info.type.HasField("tensor_type") or not info.type.tensor_type.HasField("shape"):
+            continue
+        found[name] = tuple(
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+            for d in info.type.tensor_type.shape.dim
+        )
+    return found
 
 
 class SkipRMSNormFusion(pattern.RewriteRuleClassBase):
@@ -86,12 +147,20 @@ class SkipRMSNormFusion(pattern.RewriteRuleClassBase):
             ``SimplifiedLayerNormalization`` already there.
         swap_root: the weight is the last ``Mul``'s first operand (``w * norm(s)``, as
             transformers writes it); decomposed forms only.
+        inferred: value name -> dims from :func:`symbolic_dims`, filled by the pass that runs
+            the rule; consulted where the recorded shapes cannot tell.
     """
 
-    def __init__(self, form: str = "decomposed", swap_root: bool = False) -> None:
+    def __init__(
+        self,
+        form: str = "decomposed",
+        swap_root: bool = False,
+        inferred: dict[str, Dims] | None = None,
+    ) -> None:
         super().__init__(f"SkipRMSNorm_{form}{'_swapped' if swap_root else ''}")
         self.form = form
         self.swap_root = swap_root
+        self.inferred = inferred if inferred is not None else {}
 
     def pattern(self, op: Any, a: Any, b: Any, w: Any, epsilon: Any) -> Any:
         s = op.Add(a, b, _outputs=["s"])
@@ -129,11 +198,13 @@ class SkipRMSNormFusion(pattern.RewriteRuleClassBase):
         dtype = element_type(s, [a, b, w])
         if dtype != ir.DataType.FLOAT:
             return result.fail(f"{s.name!r} is of type {dtype}, not float32", s)
-        if not _same_shape(a, b):
+        if not _same_shape(a, b, self.inferred):
             return result.fail(
-                f"{a.name!r} {_dims(a)} and {b.name!r} {_dims(b)} are not of one known shape", a
+                f"{a.name!r} {_dims(a, self.inferred)} and {b.name!r} {_dims(b, self.inferred)} "
+                "are not provably of one shape",
+                a,
             )
-        dims = _dims(a)
+        dims = _dims(a, self.inferred)
         assert dims is not None
         d = dims[-1] if len(dims) in (2, 3) else None
         if not isinstance(d, int):
@@ -169,13 +240,48 @@ class SkipRMSNormFusion(pattern.RewriteRuleClassBase):
         return y, s
 
 
+class SkipRMSNormPass(ir.passes.InPlacePass):
+    """The fusion, with ONNX Runtime's symbolic shape inference run first where a candidate
+    (a residual ``Add`` read by a norm) is there to prove shapes for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inferred: dict[str, Dims] = {}
+        decomposed = [
+            SkipRMSNormFusion.rule(form, swap, self.inferred)
+            for form in ("decomposed", "decomposed_axes_input")
+            for swap in (False, True)
+        ]
+        self.rules = RewriteRuleSet(
+            [*decomposed, SkipRMSNormFusion.rule("fused", False, self.inferred)]
+        )
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        if not any(_reads_a_sum(node) for node in model.graph):
+            return ir.passes.PassResult(model, False)
+        self.inferred.update(symbolic_dims(model))
+        try:
+            count = self.rules.apply_to_model(model)
+        finally:
+            self.inferred.clear()
+        logger.debug("residual + RMSNorm fusions: %d", count)
+        return ir.passes.PassResult(model, bool(count))
+
+
+def _reads_a_sum(node: ir.Node) -> bool:
+    """Whether ``node`` may open a match: a square or a fused norm of an ``Add``'s output."""
+    if node.op_type not in ("Pow", "Mul", "SimplifiedLayerNormalization") or not node.inputs:
+        return False
+    source = node.inputs[0]
+    producer = source.producer() if source is not None else None
+    return producer is not None and producer.op_type == "Add"
+
+
 def rules(ctx: RuleContext) -> list[RewriteRule]:
-    """The residual + RMSNorm fusions, at the extended level."""
-    if not ctx.extended:
-        return []
-    decomposed = [
-        SkipRMSNormFusion.rule(form, swap)
-        for form in ("decomposed", "decomposed_axes_input")
-        for swap in (False, True)
-    ]
-    return [*decomposed, SkipRMSNormFusion.rule("fused")]
+    """No rules on their own: the fusion needs its shape inference first (``passes``)."""
+    return []
+
+
+def passes(ctx: RuleContext) -> list[ir.passes.PassBase]:
+    """The residual + RMSNorm fusion, at the extended level."""
+    return [SkipRMSNormPass()] if ctx.extended else []
