@@ -189,3 +189,25 @@ def test_int4_build_follows_fp32_step_by_step(runs: dict[str, Any]) -> None:
     print(f"\nint4 vs fp32, teacher-forced: {same}/{total} next tokens; min cosine {worst:.6f}")
     assert same >= 0.97 * total
     assert worst >= 0.998
+
+
+def test_auto_measures_the_engines_on_the_int4_build(runs: dict[str, Any]) -> None:
+    """backends="auto" on the real decoder: every engine that runs the whole graph generates,
+    the chosen one keeps ONNX Runtime's greedy tokens (>= 95% teacher-forced)."""
+    import ferry
+
+    decoder = ferry.load(runs["folders"]["int4"], backends="auto", threads=2, cache_dir=False)
+    assert isinstance(decoder, DecoderSession)
+    rows = {row["label"]: row for row in decoder.auto.table}
+    reference = rows["onnxruntime fp32"]
+    assert reference["error"] is None and reference["agreement"] >= 0.99
+    assert reference["decode_tokens_per_s"] > 1 and reference["ttft_ms"] > 0
+    if importlib.util.find_spec("openvino") is not None:
+        # OpenVINO reads MatMulNBits and GroupQueryAttention: measured, not assumed away
+        assert rows["openvino fp32"]["error"] is None, rows["openvino fp32"]
+        assert rows["openvino fp32"]["decode_tokens_per_s"] > 1
+    assert rows[decoder.auto.label]["passed"]
+    if decoder.auto.label == "onnxruntime fp32":
+        chat = kit_chats()[0]
+        got = decoder.generate(messages=chat, max_new_tokens=NEW_TOKENS).ids
+        assert got == runs["int4"][0]
