@@ -273,6 +273,8 @@ def _reads_a_sum(node: ir.Node) -> bool:
     if node.op_type not in ("Pow", "Mul", "SimplifiedLayerNormalization") or not node.inputs:
         return False
     source = node.inputs[0]
+    if node.op_type == "Mul" and (len(node.inputs) != 2 or node.inputs[1] is not source):
+        return False  # a square is Mul(s, s)
     producer = source.producer() if source is not None else None
     return producer is not None and producer.op_type == "Add"
 
