@@ -19,11 +19,13 @@ if TYPE_CHECKING:
         load_decoder_files,
         write_decoder_artifact,
     )
+    from ferry.generate._auto import DecoderChoice, auto_decoder
     from ferry.generate._config import SUPPORTED_ARCHITECTURES, DecoderConfig
     from ferry.generate._convert import DECODER_PRECISIONS, convert_decoder
     from ferry.generate._describe import describe_decoder
     from ferry.generate._graph import build_decoder
     from ferry.generate._loop import DecoderSession, Generation, TokenEvent
+    from ferry.generate._perplexity import PerplexityResult, perplexity, teacher_forced_logits
     from ferry.generate._sampling import SamplingOptions
     from ferry.generate._template import ChatTemplate
     from ferry.generate._tokenizer import build_tokenizer
@@ -33,19 +35,24 @@ __all__ = [
     "DECODER_PRECISIONS",
     "SUPPORTED_ARCHITECTURES",
     "ChatTemplate",
+    "DecoderChoice",
     "DecoderConfig",
     "DecoderFiles",
     "DecoderSession",
     "DecoderWeights",
     "Generation",
+    "PerplexityResult",
     "SamplingOptions",
     "TokenEvent",
     "Weight",
+    "auto_decoder",
     "build_decoder",
     "build_tokenizer",
     "convert_decoder",
     "describe_decoder",
     "load_decoder_files",
+    "perplexity",
+    "teacher_forced_logits",
     "write_decoder_artifact",
 ]
 
@@ -63,5 +70,7 @@ __getattr__ = lazy_getattr(
         "_template",
         "_tokenizer",
         "_artifact",
+        "_auto",
+        "_perplexity",
     ],
 )
