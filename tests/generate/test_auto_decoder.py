@@ -4,6 +4,7 @@ by teacher-forced greedy agreement with ONNX Runtime; the choice is cached."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,20 @@ from ferry.generate._loop import DecoderSession
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("FERRY_CACHE_DIR", str(tmp_path / "cache"))
+    # A quiet machine, whatever else runs beside the tests (a busy one caches nothing).
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     return tmp_path / "cache"
+
+
+def test_a_busy_machine_measures_but_caches_nothing(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))
+    decoder = ferry.load(write_tiny(tmp_path / "tiny"), backends="onnxruntime", threads=1)
+    assert decoder.auto is None  # only "auto" measures
+    decoder = ferry.load(write_tiny(tmp_path / "busy"), backends="auto", threads=1)
+    assert decoder.auto.busy.startswith("load average 64.0") and decoder.auto.cache_path is None
+    assert not list(cache.glob("auto/decoder-*.json"))
 
 
 def test_auto_measures_each_engine_and_keeps_the_tokens(tmp_path: Path, cache: Path) -> None:

@@ -130,6 +130,8 @@ def _report(result: Generation, start: float, first: float | None) -> None:
 def _report_auto(choice: Any) -> None:
     """What ``--backends auto`` measured, one line per candidate, on stderr."""
     origin = " (cached)" if choice.from_cache else ""
+    if choice.busy:
+        origin += f" (measured on a busy machine, {choice.busy}: not cached)"
     click.echo(
         f"auto chose {choice.label}{origin}: decode tokens/s after a {choice.prompt_tokens}-token "
         f"prompt, greedy agreement with onnxruntime over {choice.new_tokens} tokens:",

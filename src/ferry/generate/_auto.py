@@ -113,6 +113,7 @@ class DecoderChoice:
         new_tokens: the greedy tokens timed and judged.
         from_cache: read from the cache, not measured now.
         cache_path: where it is saved (None: not cached).
+        busy: why the machine counted as busy when it measured (then nothing is cached), or "".
     """
 
     label: str
@@ -123,6 +124,7 @@ class DecoderChoice:
     new_tokens: int
     from_cache: bool = False
     cache_path: Path | None = None
+    busy: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -198,6 +200,13 @@ def auto_decoder(
             )
         return DecoderSession(session, files.tokenizer, files.template, files.generation_config)
 
+    busy = _busy()
+    if busy:
+        logger.warning(
+            "auto: the machine is busy (%s); the decoder's timings will say little and the "
+            "choice is not cached",
+            busy,
+        )
     if cached is not None:
         reloaded = load_one(cached.backend, cached.precision)
         reloaded.auto = cached
@@ -228,16 +237,28 @@ def auto_decoder(
         [c.to_dict() for c in candidates],
         len(prompt),
         new,
-        cache_path=path,
+        cache_path=None if busy else path,
+        busy=busy,
     )
-    if path is not None:
-        _write_cache(path, choice)
+    if choice.cache_path is not None:
+        _write_cache(choice.cache_path, choice)
     decoder = chosen.session
     assert decoder is not None
     decoder.auto = choice
     for candidate in candidates:  # let the others' engines go
         candidate.session = None
     return decoder
+
+
+def _busy() -> str:
+    """Why timings taken now would say little: other work keeping the cores busy (the 1-minute
+    load average over three quarters of the cores), or "" when the machine is quiet."""
+    cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # not measurable here (Windows)
+        return ""
+    return f"load average {load:.1f} on {cores} cores" if load > 0.75 * cores else ""
 
 
 class _PartOnly(Exception):
