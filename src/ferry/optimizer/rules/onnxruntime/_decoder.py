@@ -30,11 +30,19 @@ scalar constant; the weight a constant ``[D]`` vector with ``D`` the summed tens
 ONNX's shape inference loses a decoder's batch and sequence names through the attention's
 computed reshapes and mask broadcasts, so where the recorded shapes cannot tell, the pass asks
 ONNX Runtime's symbolic shape inference, without its ``auto_merge`` (which would assume two
-broadcast dims equal): two dims it names alike are equal. A norm with no residual ``Add`` before it (a decoder's first block) is left as it is:
-ORT fuses that one itself, and a rule for it would change nothing ORT runs.
+broadcast dims equal): two dims it names alike are equal. A norm with no residual ``Add``
+before it (a decoder's first block) is left as it is: ORT fuses that one itself, and a rule for
+it would change nothing ORT runs.
 
 Not here, measured the same way: ``DequantizeLinear`` (blocked, 4-bit) feeding ``MatMul`` ORT
-turns into ``MatMulNBits`` itself at the extended level. Extended level only.
+turns into ``MatMulNBits`` itself at the extended level. The rotary embedding (``rotate_half``'s
+``Slice``/``Neg``/``Concat`` and the cos/sin ``Mul``/``Add``) ORT leaves unfused, but its
+``com.microsoft.RotaryEmbedding`` reads cos/sin from caches indexed by position, whose length an
+exported graph does not state (it computes cos/sin from the positions for any length): a cache of
+a guessed length turns every later position into a run-time error ("position_ids value .. is out
+of range"), and one rebuilt in the graph up to the largest position would compute a cosine per
+past position on every decode step where the export computes one per new token.
+Extended level only.
 """
 
 from __future__ import annotations
@@ -55,7 +63,7 @@ from ferry.optimizer.rules.common._activations import (
     overridable_operand,
     scalar_operand,
 )
-from ferry.optimizer.rules.common._constants import constant
+from ferry.optimizer.rules.common._constants import constant, replace_value
 
 # The mean's axes are checked exactly as the LayerNormalization fusion checks them.
 from ferry.optimizer.rules.common._layer_norm import _reduces_last_axis
@@ -64,8 +72,9 @@ __all__ = ["SkipRMSNormFusion", "SkipRMSNormPass", "passes", "rules"]
 
 logger = logging.getLogger(__name__)
 
-#: ONNX Runtime's contrib op domain.
+#: ONNX Runtime's contrib op domain, and the op the rules write there.
 MS_DOMAIN = "com.microsoft"
+FUSED_OP = "SkipSimplifiedLayerNormalization"
 
 
 #: A value's dims as a shape inference found them: ints, symbol names, None where unknown.
@@ -162,13 +171,13 @@ class SkipRMSNormFusion(pattern.RewriteRuleClassBase):
         self.swap_root = swap_root
         self.inferred = inferred if inferred is not None else {}
 
-    def pattern(self, op: Any, a: Any, b: Any, w: Any, epsilon: Any) -> Any:
-        s = op.Add(a, b, _outputs=["s"])
+    def pattern(self, op: Any, s: Any, w: Any, epsilon: Any) -> Any:
+        # One output: the sum ``s`` is an input of the match, its Add checked in ``check``
+        # (onnxscript matches a two-output pattern by scanning the whole graph per node).
         if self.form == "fused":
-            y = op.SimplifiedLayerNormalization(
+            return op.SimplifiedLayerNormalization(
                 s, w, _allow_other_attributes=True, _outputs=["norm"]
             )
-            return y, s
         squared = pattern.OrValue([op.Pow(s, pattern.Constant(2.0)), op.Mul(s, s)])
         if self.form == "decomposed_axes_input":
             mean = op.ReduceMean(
@@ -179,22 +188,25 @@ class SkipRMSNormFusion(pattern.RewriteRuleClassBase):
         std = op.Sqrt(pattern.OrValue([op.Add(mean, epsilon), op.Add(epsilon, mean)]))
         inverse = pattern.OrValue([op.Reciprocal(std), op.Div(pattern.Constant(1.0), std)])
         normalized = pattern.OrValue([op.Div(s, std), op.Mul(s, inverse), op.Mul(inverse, s)])
-        y = op.Mul(w, normalized) if self.swap_root else op.Mul(normalized, w)
-        return y, s
+        return op.Mul(w, normalized) if self.swap_root else op.Mul(normalized, w)
 
     def check(  # type: ignore[override]
         self,
         context: Any,
-        a: ir.Value,
-        b: ir.Value,
-        w: ir.Value,
         s: ir.Value,
+        w: ir.Value,
         epsilon: ir.Value | None = None,
         mean: ir.Value | None = None,
         norm: ir.Value | None = None,
         **_: Any,
     ) -> MatchResult:
         result = MatchResult()
+        add = s.producer()
+        if add is None or add.op_type != "Add" or add.domain not in ("", "ai.onnx"):
+            return result.fail(f"{s.name!r} is not the output of an Add", s)
+        a, b = add.inputs[0], add.inputs[1]
+        assert a is not None and b is not None
+        self._operands = (a, b)
         dtype = element_type(s, [a, b, w])
         if dtype != ir.DataType.FLOAT:
             return result.fail(f"{s.name!r} is of type {dtype}, not float32", s)
@@ -233,11 +245,13 @@ class SkipRMSNormFusion(pattern.RewriteRuleClassBase):
         self._epsilon = float(np.float32(eps))
         return result
 
-    def rewrite(self, op: Any, a: ir.Value, b: ir.Value, w: ir.Value, **_: Any) -> Any:
-        y, _mean, _inv_std, s = op.SkipSimplifiedLayerNormalization(
+    def rewrite(self, op: Any, w: ir.Value, **_: Any) -> Any:
+        a, b = self._operands
+        # The sum output is unread here; SkipRMSNormPass moves the Add's readers onto it.
+        y, _mean, _inv_std, _sum = op.SkipSimplifiedLayerNormalization(
             a, b, w, epsilon=self._epsilon, _outputs=4, _domain=MS_DOMAIN
         )
-        return y, s
+        return y
 
 
 class SkipRMSNormPass(ir.passes.InPlacePass):
@@ -264,8 +278,38 @@ class SkipRMSNormPass(ir.passes.InPlacePass):
             count = self.rules.apply_to_model(model)
         finally:
             self.inferred.clear()
+        if count:
+            _share_sums(model.graph)
         logger.debug("residual + RMSNorm fusions: %d", count)
         return ir.passes.PassResult(model, bool(count))
+
+
+def _share_sums(graph: ir.Graph) -> None:
+    """Each fused op's ``Add(a, b)`` read elsewhere (the next residual) is read from the op's
+    fourth output instead, the op moved up to where the Add was (it reads only the Add's inputs
+    and a constant), so the Add is left dead for the sweep."""
+    for node in list(graph):
+        if node.op_type != FUSED_OP or node.domain != MS_DOMAIN or node.outputs[3].uses():
+            continue
+        a, b = node.inputs[0], node.inputs[1]
+        assert a is not None and b is not None
+        add = next(
+            (
+                use.node
+                for use in a.uses()
+                if use.node.op_type == "Add"
+                and use.node.domain in ("", "ai.onnx")
+                and use.node.graph is graph
+                and {id(v) for v in use.node.inputs} == {id(a), id(b)}
+                and len(use.node.inputs) == 2
+            ),
+            None,
+        )
+        if add is None:
+            continue
+        graph.remove(node)
+        graph.insert_after(add, node)
+        replace_value(graph, add.outputs[0], node.outputs[3])
 
 
 def _reads_a_sum(node: ir.Node) -> bool:
