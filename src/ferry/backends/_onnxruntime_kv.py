@@ -50,8 +50,38 @@ class OrtKVRunner:
         # ours (get_outputs() wraps every bound output, ~1 ms a step for 60 cache tensors).
         self._ortvalue = ort.OrtValue.ortvalue_from_numpy
         self._vocab = _static_vocab(session, layout.logits) if self.in_place else None
+        self._used = 0  # slots written so far
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
+        new = int(feeds["input_ids"].shape[1])
+        if self.in_place and self._used == 0 and new > 1:
+            # The prompt without the buffer: attending over all `capacity` slots of an empty
+            # buffer made a 128-token prefill 1.6x slower (547 against 340 ms, capacity 384).
+            logits = self._prefill(feeds, new)
+        else:
+            logits = self._step(feeds)
+        self._used += new
+        return logits
+
+    def _prefill(self, feeds: Mapping[str, np.ndarray], new: int) -> np.ndarray:
+        """The first chunk run with empty pasts; its presents copied into the buffers."""
+        plain = dict(feeds)
+        plain["attention_mask"] = feeds["attention_mask"][:, :new]
+        empty = self.layout.empty(0)
+        plain.update(dict.fromkeys(self.layout.past, empty))
+        names = [self.layout.logits, *self.layout.present]
+        try:
+            outputs = self._session.run(names, plain)
+        except Exception as e:  # ORT raises its own exception types from C++
+            raise ExecutionError(
+                f"onnxruntime failed to run the decoder: {self._message(e)}"
+            ) from e
+        for buffer, present in zip(self._buffers, outputs[1:]):
+            buffer[:, :, :new] = present
+        logits: np.ndarray = outputs[0]
+        return logits
+
+    def _step(self, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
         binding = self._binding
         for name, array in feeds.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
