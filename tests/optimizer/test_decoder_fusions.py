@@ -39,13 +39,15 @@ def rms_block(
     eps_input: bool = False,
     skip_shape: Sequence[int | str] = ("N", "S", D),
     fused: bool = False,
+    sum_output: bool = False,
 ) -> onnx.ModelProto:
     """``s = a + b``, RMSNorm(s) * w, and ``s`` read again by the next residual ``Add``.
 
     ``inverse``: ``"Div"`` (``s / std``), ``"Reciprocal"`` (``s * 1/std``) or ``"DivOne"``
     (``s * Div(1, std)``, torch.rsqrt's export). ``weight``: ``"vector"`` (a ``[D]``
     initializer), ``"input"`` (a graph input) or a float (a scalar constant). ``fused``: the norm
-    is already ORT's ``SimplifiedLayerNormalization``.
+    is already ORT's ``SimplifiedLayerNormalization``. ``sum_output``: ``s`` is a graph output
+    too.
     """
     f = TensorProto.FLOAT
     inputs = [
@@ -98,16 +100,13 @@ def rms_block(
         pair = ["w", "n"] if weight_first else ["n", "w"]
         nodes.append(helper.make_node("Mul", pair, ["y"]))
     nodes.append(helper.make_node("Add", ["s", "y"], ["next"]))
-    graph = helper.make_graph(
-        nodes,
-        "rms_block",
-        inputs,
-        [
-            helper.make_tensor_value_info("y", f, None),
-            helper.make_tensor_value_info("next", f, None),
-        ],
-        inits,
-    )
+    outputs = [
+        helper.make_tensor_value_info("y", f, None),
+        helper.make_tensor_value_info("next", f, None),
+    ]
+    if sum_output:
+        outputs.append(helper.make_tensor_value_info("s", f, None))
+    graph = helper.make_graph(nodes, "rms_block", inputs, outputs, inits)
     opsets = [helper.make_opsetid("", opset)]
     return helper.make_model(graph, opset_imports=opsets, ir_version=8)
 
@@ -150,6 +149,12 @@ def test_residual_add_and_rms_norm_fuse(square: str, inverse: str, weight_first:
     node = next(n for n in model.graph if n.op_type == FUSED)
     assert node.domain == "com.microsoft"
     assert node.attributes.get_float("epsilon") == pytest.approx(1e-6)
+
+
+def test_a_sum_that_is_a_graph_output_keeps_its_name() -> None:
+    model = fuse(rms_block(sum_output=True))
+    assert ops(model)[FUSED] == 1
+    assert [v.name for v in model.graph.outputs] == ["y", "next", "s"]
 
 
 def test_axes_as_an_attribute_fuse() -> None:
