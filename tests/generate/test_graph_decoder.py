@@ -355,7 +355,16 @@ def test_model_passes_checker_and_says_what_it_is(case: Any) -> None:
     assert DecoderConfig.from_dict(__import__("json").loads(props["ferry.decoder_config"])) == cfg
     fused = {"RotaryEmbedding", "SkipSimplifiedLayerNormalization", "GroupQueryAttention"}
     op_types = {node.op_type for node in proto.graph.node}
-    assert fused <= op_types if props["ferry.flavour"] == "ort" else not fused & op_types
+    if props["ferry.flavour"] != "ort":
+        assert not fused & op_types
+        return
+    assert {"SkipSimplifiedLayerNormalization", "GroupQueryAttention"} <= op_types
+    # q, k, v packed and rotated inside GroupQueryAttention unless a per-head norm sits between
+    # the projection and the rotation (qwen3, gemma3): then RotaryEmbedding nodes rotate them.
+    attention = [n for n in proto.graph.node if n.op_type == "GroupQueryAttention"]
+    inside = {a.i for n in attention for a in n.attribute if a.name == "do_rotary"} == {1}
+    assert inside == (not cfg.qk_norm and cfg.head_dim % 16 == 0)
+    assert ("RotaryEmbedding" in op_types) == (not inside)
 
 
 @pytest.mark.parametrize("name", ["llama_gqa", "gemma2"])

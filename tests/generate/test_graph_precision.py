@@ -192,7 +192,7 @@ def _rtn_floats(weights: FakeWeights, bits: int) -> FakeWeights:
 
 @pytest.mark.parametrize(
     ("kind", "code_type"),
-    [("Q4_0", ir.DataType.INT4), ("Q8_0", ir.DataType.INT8), ("Q4_1", ir.DataType.UINT4)],
+    [("Q4_0", ir.DataType.INT4), ("Q8_0", ir.DataType.INT8), ("Q4_1", ir.DataType.INT4)],
 )
 def test_standard_quantized_keeps_the_gguf_blocks_exactly(
     kind: str, code_type: ir.DataType
@@ -206,15 +206,17 @@ def test_standard_quantized_keeps_the_gguf_blocks_exactly(
     codes, scales = (v.const_value for v in node.inputs[:2])
     assert codes is not None and scales is not None and codes.dtype == code_type
     blocks = weights["layers.0.o"].blocks()
-    middle = 0 if kind == "Q4_1" else 1 << (blocks.bits - 1)
+    # Q4_1's codes read around the midpoint too (d q + m = d (q - 8) + (m + 8 d)).
+    middle = 1 << (blocks.bits - 1)
     np.testing.assert_array_equal(
         codes.numpy().astype(np.int16).T, blocks.values.astype(np.int16) - middle
     )
     np.testing.assert_array_equal(scales.numpy().T, blocks.scales)
-    assert len(node.inputs) == 2  # Q4_0/Q8_0 symmetric, Q4_1's zero point 0: none stored
+    assert len(node.inputs) == 2  # symmetric: no zero point stored
     if kind == "Q4_1":
         np.testing.assert_array_equal(
-            model.graph.initializers["layers.0.o.mins"].const_value.numpy().T, blocks.mins
+            model.graph.initializers["layers.0.o.mins"].const_value.numpy().T,
+            blocks.mins + np.float32(8) * blocks.scales,
         )
 
 

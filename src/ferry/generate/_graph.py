@@ -250,6 +250,19 @@ def _layer(
     p = f"layers.{i}."
     x, hidden = _add_norm(b, weights, config, p + "attn_norm", hidden, delta)
     names = [p + "q", p + "k", p + "v"]
+    sliding = bool(config.sliding_pattern[i]) if i < len(config.sliding_pattern) else False
+    layer_rope = local_rope if sliding else rope
+    if fused is not None and _rotates_inside(weights, config, layer_rope, names):
+        packed = quant.joined(x, [weights[n] for n in names], p + "qkv", names)
+        if packed is not None:
+            biases = [weights[n + "_bias"].float() for n in names if n + "_bias" in weights]
+            if biases:
+                packed = b.op("Add", [packed, b.init(p + "qkv_bias", np.concatenate(biases))])
+            bias = fused.sliding_bias if sliding and fused.sliding_bias is not None else fused.bias
+            context, key, value = attend_fused(
+                b, packed, None, None, past_key, past_value, bias, fused, config, layer_rope
+            )
+            return _feed_forward(b, quant, weights, config, p, hidden, context, key, value)
     projected = quant.linears(x, [weights[n] for n in names], p + "qkv", names)
     q, k, v = (
         _heads(b, weights, config, n, y, heads, flat=fused is not None)
@@ -257,8 +270,6 @@ def _layer(
             names, projected, (config.num_heads, config.num_kv_heads, config.num_kv_heads)
         )
     )
-    sliding = bool(config.sliding_pattern[i]) if i < len(config.sliding_pattern) else False
-    layer_rope = local_rope if sliding else rope
     if fused is not None:
         q = apply_rope(b, q, layer_rope, config.num_heads)
         k = apply_rope(b, k, layer_rope, config.num_kv_heads)
@@ -272,6 +283,22 @@ def _layer(
     mask = masks.sliding if sliding and masks.sliding is not None else masks.full
     context = attend(b, q, key, value, mask, config)
     return _feed_forward(b, quant, weights, config, p, hidden, context, key, value)
+
+
+def _rotates_inside(
+    weights: WeightsLike, config: DecoderConfig, rope: Rope, names: list[str]
+) -> bool:
+    """GroupQueryAttention can take q, k, v packed and rotate them itself: whole-width rotary
+    on heads a multiple of 16 wide (its rotary kernel's rule), no per-head norm between the
+    projection and the rotation, biases on all three or none."""
+    biased = [n + "_bias" in weights for n in names]
+    return (
+        rope.position_ids is not None
+        and rope.rotary_dim == config.head_dim
+        and config.head_dim % 16 == 0
+        and not any(n + "_norm" in weights for n in names)
+        and (all(biased) or not any(biased))
+    )
 
 
 def _feed_forward(

@@ -245,9 +245,15 @@ def attend_fused(
     bias: ir.Value,
     fused: FusedInputs,
     config: DecoderConfig,
+    rope: Rope | None = None,
 ) -> tuple[ir.Value, ir.Value, ir.Value]:
     """onnxruntime's GroupQueryAttention on rotated q [B, S, h*d], k, v [B, S, kv*d] and the past
-    [B, kv, P, d]: the context [B, S, h*d] and present key/value [B, kv, T, d]."""
+    [B, kv, P, d]: the context [B, S, h*d] and present key/value [B, kv, T, d].
+
+    With ``rope`` (its fused tables), q is q, k and v packed [B, S, (h + 2 kv) d] and k, v are
+    None: GroupQueryAttention rotates q and k itself, by slot (one node for what took a Split
+    and two RotaryEmbeddings: fewer nodes per token).
+    """
     attrs: dict[str, int | float] = {
         "num_heads": config.num_heads,
         "kv_num_heads": config.num_kv_heads,
@@ -255,9 +261,17 @@ def attend_fused(
     }
     if config.attn_softcap:
         attrs["softcap"] = float(config.attn_softcap)
+    cos = sin = None
+    if rope is not None:
+        attrs["do_rotary"] = 1
+        attrs["rotary_interleaved"] = int(rope.interleaved)
+        # By slot, not position_ids: a left-padded row's positions restart at 0 while its slots
+        # do not, and GroupQueryAttention rotates a batch's prompt by slot whatever it is given;
+        # rotary depends only on the distance between positions, which slots keep.
+        cos, sin = rope.cos, rope.sin
     out, key, value = b.ops(
         "GroupQueryAttention",
-        [q, k, v, past_key, past_value, fused.seqlens_k, fused.total, None, None, None, bias],
+        [q, k, v, past_key, past_value, fused.seqlens_k, fused.total, cos, sin, None, bias],
         attrs,
         num_outputs=3,
         domain=MS_DOMAIN,

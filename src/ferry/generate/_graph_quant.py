@@ -138,6 +138,16 @@ class Quantizer:
             return list(self.b.ops("Split", [y, sizes], {"axis": -1}, num_outputs=len(plans)))
         return [self._emit(x, p, n) for p, n in zip(plans, names)]
 
+    def joined(
+        self, x: ir.Value, weights: Sequence[Any], name: str, names: Sequence[str]
+    ) -> ir.Value | None:
+        """The projections of one input as one node's output, concatenated along the last axis
+        (q, k, v packed for GroupQueryAttention); None when they are not stored alike."""
+        plans = [self._plan(w, n) for w, n in zip(weights, names)]
+        if not FUSE or len({p.kind for p in plans}) != 1:
+            return None
+        return self._emit(x, _Plan.join(plans), name)
+
     def _plan(self, weight: Any, name: str) -> _Plan:
         in_features = weight.shape[-1]
         # MatMulNBits wants whole blocks along K; an odd width stays float.
@@ -239,14 +249,20 @@ class Quantizer:
         (N, K/32), packed as MatMulNBits stores them."""
         n, k = codes.shape
         b = self.b
+        inputs = [
+            x,
+            b.init(name + ".qweight", pack_codes(codes, bits)),
+            b.init(name + ".scales", scales.astype(np.float32).reshape(-1)),
+        ]
+        if not np.all(zeros == 1 << (bits - 1)):
+            # Without zero points MatMulNBits reads every block around the midpoint, and its
+            # symmetric kernels are the faster ones.
+            inputs.append(
+                b.init(name + ".zero_points", pack_zero_points(zeros.astype(np.uint8), bits))
+            )
         return b.op(
             "MatMulNBits",
-            [
-                x,
-                b.init(name + ".qweight", pack_codes(codes, bits)),
-                b.init(name + ".scales", scales.astype(np.float32).reshape(-1)),
-                b.init(name + ".zero_points", pack_zero_points(zeros.astype(np.uint8), bits)),
-            ],
+            inputs,
             {
                 "K": k,
                 "N": n,
@@ -299,8 +315,13 @@ def _from_blocks(blocks: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
     codes = np.asarray(blocks.values, dtype=np.uint8)
     scales = np.asarray(blocks.scales, dtype=np.float32)
     if blocks.mins is not None:
-        zeros = np.zeros(scales.shape, dtype=np.uint8)
-        return codes, scales, zeros, np.asarray(blocks.mins, dtype=np.float32)
+        # d * q + m = d * (q - 8) + (m + 8 d): the codes read around the midpoint, as Q4_0's,
+        # so onnxruntime takes its symmetric kernels (no zero-point input), and the minimum
+        # correction carries the 8 d.
+        midpoint = 1 << (blocks.bits - 1)
+        zeros = np.full(scales.shape, midpoint, dtype=np.uint8)
+        mins = np.asarray(blocks.mins, dtype=np.float32) + np.float32(midpoint) * scales
+        return codes, scales, zeros, mins
     if blocks.zero_points is None:
         zeros = np.full(scales.shape, 1 << (blocks.bits - 1), dtype=np.uint8)
     else:
