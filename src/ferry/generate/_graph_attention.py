@@ -238,8 +238,8 @@ def build_fused_inputs(b: Builder, attention_mask: ir.Value, masks: Masks) -> Fu
 def attend_fused(
     b: Builder,
     q: ir.Value,
-    k: ir.Value,
-    v: ir.Value,
+    k: ir.Value | None,
+    v: ir.Value | None,
     past_key: ir.Value,
     past_value: ir.Value,
     bias: ir.Value,
