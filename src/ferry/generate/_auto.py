@@ -402,11 +402,7 @@ def _read_cache(path: Path) -> DecoderChoice | None:
 
 
 def _write_cache(path: Path, choice: DecoderChoice) -> None:
-    from ferry.graph import atomic_path
+    from ferry.runtime import save_verdict
 
-    try:
-        with atomic_path(path) as tmp:
-            tmp.write_text(json.dumps(choice.to_dict(), indent=2), encoding="utf-8")
-    except OSError as e:  # a read-only home must not break loading a model
-        logger.warning("auto: cannot cache the choice in %s: %s", path, e)
+    if not save_verdict(path, choice.to_dict(), "auto's choice for the decoder"):
         choice.cache_path = None

@@ -40,6 +40,7 @@ from ferry.runtime._measure import (
     artifact_shapes,
     block_medians,
     machine_fingerprint,
+    save_verdict,
     time_in_blocks,
     timing_feeds,
 )
@@ -80,6 +81,7 @@ __all__ = [
     "quantization_report",
     "random_feeds",
     "resolve_cache",
+    "save_verdict",
     "spec_of",
     "time_in_blocks",
     "timing_feeds",

@@ -37,12 +37,13 @@ import onnx_ir as ir
 
 from ferry.backends import FALLBACK, get_backend, known_backends, place
 from ferry.errors import FerryError
-from ferry.graph import atomic_path, graph_inputs
+from ferry.graph import graph_inputs
 from ferry.parity import DEFAULT_BUDGET, Budget, BudgetVerdict, within_budget
 from ferry.plan import Plan
 from ferry.runtime._measure import (
     alone_session,
     machine_fingerprint,
+    save_verdict,
     time_in_blocks,
     timing_feeds,
     verdicts_dir,
@@ -362,9 +363,5 @@ def _read_cache(path: Path) -> AutoChoice | None:
 
 
 def _write_cache(path: Path, choice: AutoChoice) -> None:
-    try:
-        with atomic_path(path) as tmp:
-            tmp.write_text(json.dumps(choice.to_dict(), indent=2), encoding="utf-8")
-    except OSError as e:  # a read-only home must not break loading a model
-        logger.warning("auto: cannot cache the choice in %s: %s", path, e)
+    if not save_verdict(path, choice.to_dict(), "auto's choice"):
         choice.cache_path = None

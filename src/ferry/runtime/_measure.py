@@ -205,6 +205,21 @@ def machine_fingerprint() -> str:
     return f"{cpu}|{os.cpu_count()}|{'|'.join(versions)}"
 
 
+def save_verdict(path: Path, data: Any, what: str) -> bool:
+    """Write a measured choice or verdict as JSON, whole or not at all (``atomic_path``); a
+    folder that cannot be written (a read-only home) logs a warning naming ``what`` and returns
+    False: it must never break loading a model."""
+    from ferry.graph import atomic_path
+
+    try:
+        with atomic_path(path) as tmp:
+            tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
+    except OSError as e:
+        logger.warning("cannot cache %s in %s: %s", what, path, e)
+        return False
+    return True
+
+
 def verdicts_dir() -> Path:
     """Where auto's choices and the pays check's verdicts are kept: ``auto/`` under the cache root
     the engine cache uses (:func:`ferry.runtime.default_cache_dir`)."""

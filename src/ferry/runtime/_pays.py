@@ -29,9 +29,14 @@ import numpy as np
 import onnx_ir as ir
 
 from ferry.backends import FALLBACK
-from ferry.graph import atomic_path
 from ferry.plan import Plan
-from ferry.runtime._measure import alone_session, machine_fingerprint, time_in_blocks, verdicts_dir
+from ferry.runtime._measure import (
+    alone_session,
+    machine_fingerprint,
+    save_verdict,
+    time_in_blocks,
+    verdicts_dir,
+)
 from ferry.runtime._session import Session
 
 __all__ = ["PAYS_BUDGET_S", "PaysVerdict", "cached_verdict", "plan_pays"]
@@ -117,11 +122,7 @@ def plan_pays(
     time_in_blocks(runs, feeds, PAYS_BUDGET_S)
     verdict = PaysVerdict(runs[0][0].latency_ms, runs[1][0].latency_ms, inputs)
     if cache:
-        try:
-            with atomic_path(path) as tmp:
-                tmp.write_text(json.dumps(dataclasses.asdict(verdict)), encoding="utf-8")
-        except OSError as e:
-            logger.info("cannot cache the plan's timing in %s: %s", path, e)
+        save_verdict(path, dataclasses.asdict(verdict), "the plan's timing")
     return verdict
 
 
