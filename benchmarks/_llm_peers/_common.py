@@ -49,6 +49,26 @@ class Runs:
             for k, v in self.values.items()
         }
 
+    def result(
+        self,
+        *,
+        load_s: float,
+        before: float | None,
+        prompt_tokens: int,
+        new_tokens: int,
+        version: str,
+    ) -> dict[str, Any]:
+        """The worker's answer for a speed job: the summary, load time, memory and counts."""
+        return {
+            **self.summary(),
+            "load_s": load_s,
+            "rss_before_load_mb": before,
+            "peak_rss_mb": peak_rss_mb(),
+            "prompt_tokens": prompt_tokens,
+            "new_tokens": new_tokens,
+            "version": version,
+        }
+
 
 def main(modes: dict[str, Callable[[dict[str, Any]], dict[str, Any]]]) -> int:
     """``worker.py JOB.json OUT.json``: the job's ``mode`` run on it, its result (or the error,

@@ -55,15 +55,13 @@ def speed(job: dict[str, Any]) -> dict[str, Any]:
                 break
         if i >= int(job["warmup"]):
             runs.add(start, stamps, len(prompt))
-    return {
-        **runs.summary(),
-        "load_s": load_s,
-        "rss_before_load_mb": before,
-        "peak_rss_mb": _common.peak_rss_mb(),
-        "prompt_tokens": len(prompt),
-        "new_tokens": m,
-        "version": llama_cpp.__version__,
-    }
+    return runs.result(
+        load_s=load_s,
+        before=before,
+        prompt_tokens=len(prompt),
+        new_tokens=m,
+        version=llama_cpp.__version__,
+    )
 
 
 def greedy(job: dict[str, Any]) -> dict[str, Any]:

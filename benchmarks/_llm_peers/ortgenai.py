@@ -93,15 +93,13 @@ def speed(job: dict[str, Any]) -> dict[str, Any]:
         if i >= int(job["warmup"]):
             runs.add(start, stamps, len(prompt))
         del generator
-    return {
-        **runs.summary(),
-        "load_s": load_s,
-        "rss_before_load_mb": before,
-        "peak_rss_mb": _common.peak_rss_mb(),
-        "prompt_tokens": len(prompt),
-        "new_tokens": m,
-        "version": og.__version__,
-    }
+    return runs.result(
+        load_s=load_s,
+        before=before,
+        prompt_tokens=len(prompt),
+        new_tokens=m,
+        version=og.__version__,
+    )
 
 
 if __name__ == "__main__":
