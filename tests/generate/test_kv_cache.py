@@ -172,3 +172,28 @@ def test_decoder_session_uses_the_in_place_cache(tmp_path: Path) -> None:
     want = standard.generate(ids=[5, 6, 7], max_new_tokens=8).ids
     assert fused.generate(ids=[5, 6, 7], max_new_tokens=8).ids == want
     assert copying.generate(ids=[5, 6, 7], max_new_tokens=8).ids == want
+
+
+@pytest.mark.parametrize("flavour", ["standard", "ort"])
+def test_the_head_runs_on_the_last_position_when_asked(flavour: str, tmp_path: Path) -> None:
+    """logits_to_keep (default 0: all) lets the prompt skip the output head but for its last
+    position; the token loop asks for it, a teacher-forced pass does not."""
+    from tests.generate.test_artifact import tiny_config, tiny_model, write_tiny
+
+    from ferry.generate._loop import DecoderSession
+
+    folder = write_tiny(tmp_path / flavour, model=tiny_model(tiny_config(), flavour))
+    decoder = DecoderSession.from_folder(folder)
+    prompt = [5, 6, 7, 8]
+    every = decoder.step(decoder.kv_runner(8), prompt, 0)
+    last = decoder.step(decoder.kv_runner(8), prompt, 0, last_only=True)
+    assert every.shape[0] == len(prompt) and last.shape[0] == 1
+    np.testing.assert_allclose(last[0], every[-1], rtol=1e-5, atol=1e-5)
+    copying = decoder.step(
+        CopyingKVRunner(decoder.session.run, _layout_of(decoder, 8)), prompt, 0, last_only=True
+    )
+    assert copying.shape[0] == 1
+
+
+def _layout_of(decoder: Any, capacity: int) -> KVLayout:
+    return decoder.kv_runner(capacity).layout

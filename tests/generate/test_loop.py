@@ -258,6 +258,7 @@ class _Scripted:
             TensorSpec("attention_mask", ("batch", "total"), np.dtype(np.int64), "INT64"),
         ]
         self.output_names = ["logits"]
+        self.optional_inputs: list[Any] = []
 
     def run(
         self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None

@@ -302,11 +302,11 @@ def _greedy(decoder: DecoderSession, prompt: list[int], new: int) -> tuple[float
     exactly ``new`` are timed)."""
     runner = decoder.kv_runner(len(prompt) + new)
     start = time.perf_counter()
-    token = int(np.argmax(decoder.step(runner, prompt, 0)[-1]))
+    token = int(np.argmax(decoder.step(runner, prompt, 0, last_only=True)[-1]))
     first = time.perf_counter()
     tokens = [token]
     for i in range(new - 1):
-        token = int(np.argmax(decoder.step(runner, [token], len(prompt) + i)[-1]))
+        token = int(np.argmax(decoder.step(runner, [token], len(prompt) + i, last_only=True)[-1]))
         tokens.append(token)
     return first - start, time.perf_counter() - first, tokens
 

@@ -158,6 +158,13 @@ def build_decoder(
         presents += [key, value]
 
     hidden, _ = _add_norm(b, weights, config, "final_norm", hidden, delta)
+    # logits_to_keep (optional, default 0 = every position): only the last k positions go
+    # through the output head. Generation needs the last one; the head over a whole prompt
+    # (128 x 576 x 49,152 for SmolLM2) is a large share of the first token's time and memory.
+    keep = ir.val("logits_to_keep", ir.DataType.INT64, ir.Shape([]))
+    keep.const_value = ir.tensor(np.array(0, dtype=np.int64), name="logits_to_keep")
+    start = b.op("Neg", [b.op("Unsqueeze", [keep, b.ints([0])])])
+    hidden = b.op("Slice", [hidden, start, b.ints([np.iinfo(np.int64).max]), b.ints([1])])
     logits = _lm_head(b, quant, weights, config, hidden, embed_value)
     if config.final_softcap:
         cap = float(config.final_softcap)
@@ -166,7 +173,7 @@ def build_decoder(
         )
     logits = b.op("Identity", [logits], name="logits")
     logits.dtype = ir.DataType.FLOAT
-    logits.shape = ir.Shape(["batch", "sequence", config.vocab_size])
+    logits.shape = ir.Shape(["batch", "kept_sequence", config.vocab_size])
     total_shape = ir.Shape(["batch", config.num_kv_heads, "total_sequence", config.head_dim])
     for i, present in enumerate(presents):
         present.name = f"present.{i // 2}.{'key' if i % 2 == 0 else 'value'}"
@@ -177,10 +184,10 @@ def build_decoder(
     if b.uses_ms:
         opsets[MS_DOMAIN] = 1
     graph = ir.Graph(
-        inputs=[*inputs, *pasts],
+        inputs=[*inputs, *pasts, keep],
         outputs=[logits, *presents],
         nodes=b.tape.nodes,
-        initializers=b.tape.initializers,
+        initializers=[*b.tape.initializers, keep],
         opset_imports=opsets,
         name=f"ferry_{config.architecture}_decoder",
     )

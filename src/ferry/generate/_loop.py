@@ -101,6 +101,8 @@ class DecoderSession:
                 + ", ".join(missing + ([] if "logits" in session.output_names else ["logits"]))
             )
         self._positions = "position_ids" in names
+        #: The graph can run its output head on the last positions only (ferry's graphs).
+        self._keep = any(s.name == "logits_to_keep" for s in session.optional_inputs)
         layers = sorted(int(m.group(1)) for n in names if (m := _PAST.fullmatch(n)))
         self.num_layers = len(layers)
         self._past = tuple(
@@ -325,9 +327,12 @@ class DecoderSession:
         )
         return self.session.kv_runner(layout)
 
-    def step(self, runner: KVRunner, tokens: Sequence[int], used: int) -> np.ndarray:
+    def step(
+        self, runner: KVRunner, tokens: Sequence[int], used: int, *, last_only: bool = False
+    ) -> np.ndarray:
         """Run ``tokens`` after the ``used`` slots already in ``runner``'s cache: the logits
-        ``[len(tokens), vocab]``."""
+        ``[len(tokens), vocab]``, or only the last position's ``[1, vocab]`` with
+        ``last_only`` where the graph can skip the rest (its ``logits_to_keep`` input)."""
         n = len(tokens)
         if runner.in_place:
             capacity = runner.layout.capacity
@@ -342,6 +347,8 @@ class DecoderSession:
         feeds = {"input_ids": np.asarray([tokens], dtype=np.int64), "attention_mask": mask}
         if self._positions:
             feeds["position_ids"] = np.arange(used, used + n, dtype=np.int64)[None]
+        if last_only and self._keep:
+            feeds["logits_to_keep"] = np.array(1, dtype=np.int64)
         logits: np.ndarray = runner.run(feeds)
         return logits[0]
 
@@ -356,7 +363,7 @@ class DecoderSession:
         text, finish = "", "length"
         tokens = prompt_ids  # the prefill: the whole prompt in one call
         for step in range(budget):
-            token = sampler(self.step(runner, tokens, used)[-1], seen)
+            token = sampler(self.step(runner, tokens, used, last_only=True)[-1], seen)
             used += len(tokens)
             seen.append(token)
             new.append(token)

@@ -324,7 +324,9 @@ def _graph_io(
     known |= {
         t % i for i in range(layers) for t in (templates["past_key"], templates["past_value"])
     }
-    extra = [n for n in inputs if n and n not in known]
+    # An input with a default (an initializer it overrides, as ferry's logits_to_keep) need
+    # not be fed.
+    extra = [n for n in inputs if n and n not in known and n not in model.graph.initializers]
     if extra:
         raise ModelLoadError(
             f"the decoder {file} has inputs ferry's token loop does not feed: {', '.join(extra)}"
