@@ -19,11 +19,9 @@ from test_graph_decoder import (
     Runner,
     make_weights,
     reference,
-    to_bytes,
 )
-from test_graph_quant import as_blocks, cosine, logits_of, ops
+from test_graph_quant import as_blocks, cosine, logits_of, openvino_logits, ops
 
-from ferry.generate._config import DecoderConfig
 from ferry.generate._graph import build_decoder
 
 HALF = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16}
@@ -38,25 +36,6 @@ def rounded(weights: FakeWeights, precision: str) -> FakeWeights:
         half = array.astype(HALF[precision]).astype(np.float32) if array.ndim == 2 else array
         out[name] = FakeWeight(half)
     return out
-
-
-def openvino_logits(model: ir.Model, cfg: DecoderConfig, tmp_path: Any) -> np.ndarray:
-    """Prompt logits on OpenVINO at f32 with its dynamic activation quantization off."""
-    ov = pytest.importorskip("openvino")
-    path = tmp_path / "decoder.onnx"
-    path.write_bytes(to_bytes(model))
-    options = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}
-    compiled = ov.Core().compile_model(str(path), "CPU", options)
-    n = len(IDS)
-    feeds: dict[str, np.ndarray] = {
-        "input_ids": IDS[None],
-        "attention_mask": np.ones((1, n), np.int64),
-        "position_ids": np.arange(n, dtype=np.int64)[None],
-    }
-    empty = np.zeros((1, cfg.num_kv_heads, 0, cfg.head_dim), np.float32)
-    for i in range(cfg.num_layers):
-        feeds[f"past_key_values.{i}.key"] = feeds[f"past_key_values.{i}.value"] = empty
-    return np.asarray(compiled(feeds)[compiled.output("logits")][0])
 
 
 # -- fp16 / bf16 ----------------------------------------------------------------------------

@@ -8,7 +8,16 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 import pytest
-from test_graph_decoder import CONFIGS, IDS, Blocks, FakeWeight, FakeWeights, Runner, make_weights
+from test_graph_decoder import (
+    CONFIGS,
+    IDS,
+    Blocks,
+    FakeWeight,
+    FakeWeights,
+    Runner,
+    make_weights,
+    to_bytes,
+)
 
 from ferry.generate._config import DecoderConfig
 from ferry.generate._graph import build_decoder
@@ -157,24 +166,10 @@ def test_int4_runs_on_openvino(flavour: str, tmp_path: Any) -> None:
     """OpenVINO reads the standard flavour's DequantizeLinear and the ort flavour's MatMulNBits
     (and its other fused operators); without its dynamic activation quantization it computes the
     same values."""
-    ov = pytest.importorskip("openvino")
     cfg = CONFIGS["llama_gqa"]
     weights = as_blocks(make_weights(cfg), "Q4_1")
-    path = tmp_path / "decoder.onnx"
     model = build_decoder(cfg, weights, precision="int4", flavour=flavour)
-    path.write_bytes(ir.serde.serialize_model(model).SerializeToString())
-    options = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}
-    compiled = ov.Core().compile_model(str(path), "CPU", options)
-    n = len(IDS)
-    feeds: dict[str, np.ndarray] = {
-        "input_ids": IDS[None],
-        "attention_mask": np.ones((1, n), np.int64),
-        "position_ids": np.arange(n, dtype=np.int64)[None],
-    }
-    empty = np.zeros((1, cfg.num_kv_heads, 0, cfg.head_dim), np.float32)
-    for i in range(cfg.num_layers):
-        feeds[f"past_key_values.{i}.key"] = feeds[f"past_key_values.{i}.value"] = empty
-    got = compiled(feeds)[compiled.output("logits")][0]
+    got = openvino_logits(model, cfg, tmp_path)
     want = logits_of(build_decoder(cfg, weights), cfg)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
@@ -196,3 +191,22 @@ def test_ort_flavour_gathers_the_embedding_from_its_blocks(kind: str) -> None:
         assert cosine(got, want) >= 0.999
     else:
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def openvino_logits(model: ir.Model, cfg: DecoderConfig, tmp_path: Any) -> np.ndarray:
+    """Prompt logits on OpenVINO at f32 with its dynamic activation quantization off."""
+    ov = pytest.importorskip("openvino")
+    path = tmp_path / "decoder.onnx"
+    path.write_bytes(to_bytes(model))
+    options = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}
+    compiled = ov.Core().compile_model(str(path), "CPU", options)
+    n = len(IDS)
+    feeds: dict[str, np.ndarray] = {
+        "input_ids": IDS[None],
+        "attention_mask": np.ones((1, n), np.int64),
+        "position_ids": np.arange(n, dtype=np.int64)[None],
+    }
+    empty = np.zeros((1, cfg.num_kv_heads, 0, cfg.head_dim), np.float32)
+    for i in range(cfg.num_layers):
+        feeds[f"past_key_values.{i}.key"] = feeds[f"past_key_values.{i}.value"] = empty
+    return np.asarray(compiled(feeds)[compiled.output("logits")][0])
