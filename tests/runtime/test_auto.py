@@ -143,8 +143,8 @@ def test_simulated_adapters_are_left_out_unless_named(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(registry, "_BUILTIN", {**registry._BUILTIN, "sim": "-"})
     monkeypatch.setitem(registry._instances, "sim", Simulated("sim", fake_engines.close))
-    assert "sim" not in _auto._available(None)
-    assert "sim" in _auto._available(["sim"])
+    assert "sim" not in _auto.auto_engines(None)
+    assert "sim" in _auto.auto_engines(["sim"])
 
 
 def test_the_choice_and_table_are_cached_and_remeasured_on_request(engines: None) -> None:

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ferry.backends import FALLBACK, get_backend, known_backends
+from ferry.backends import FALLBACK, get_backend
 from ferry.errors import FerryError, InvalidInputError
 from ferry.generate._loop import DecoderSession
 
@@ -267,22 +267,10 @@ class _PartOnly(Exception):
 
 
 def _engines(names: Sequence[str] | None) -> list[str]:
-    """The reference engine first, then the others available."""
-    found = [FALLBACK]
-    for name in names if names is not None else known_backends():
-        if name == FALLBACK:
-            continue
-        try:
-            backend = get_backend(name)
-        except FerryError as e:
-            if names is not None:
-                raise
-            logger.info("auto: skipping %s: %s", name, e)
-            continue
-        if names is None and backend.simulated:
-            continue
-        found.append(name)
-    return found
+    """The reference engine first, then the others auto considers (runtime's rule)."""
+    from ferry.runtime import auto_engines
+
+    return [FALLBACK, *(n for n in auto_engines(names) if n != FALLBACK)]
 
 
 def _sizes(decoder: DecoderSession | None) -> tuple[list[int], int]:

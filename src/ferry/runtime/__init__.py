@@ -9,7 +9,7 @@ block timer, the sizes to time at, the verdicts' folder, ONNX Runtime alone) <- 
 
 from __future__ import annotations
 
-from ferry.runtime._auto import AutoChoice, Candidate, auto_plan
+from ferry.runtime._auto import AutoChoice, Candidate, auto_engines, auto_plan
 from ferry.runtime._cache import (
     DEFAULT_MAX_BYTES,
     CacheEntry,
@@ -63,6 +63,7 @@ __all__ = [
     "TensorSpec",
     "all_values",
     "artifact_shapes",
+    "auto_engines",
     "auto_plan",
     "block_medians",
     "compile_partition",

@@ -51,7 +51,7 @@ from ferry.runtime._measure import (
 from ferry.runtime._session import Session, check_threads
 from ferry.runtime._specs import spec_of
 
-__all__ = ["TIE", "AutoChoice", "Candidate", "auto_plan", "choose"]
+__all__ = ["TIE", "AutoChoice", "Candidate", "auto_engines", "auto_plan", "choose"]
 
 logger = logging.getLogger(__name__)
 
@@ -188,7 +188,7 @@ def auto_plan(
         FerryError: ONNX Runtime itself cannot run the model on these inputs.
     """
     check_threads(threads)
-    names = _available(backends)
+    names = auto_engines(backends)
     specs = [spec_of(v) for v in graph_inputs(model)]
     inputs = dict(feeds) if feeds is not None else timing_feeds(specs, shapes)
     key = _cache_key(model, names, inputs, feeds is None, accuracy, exact, precision, threads)
@@ -258,7 +258,9 @@ def choose(candidates: Sequence[Candidate]) -> Candidate:
     )
 
 
-def _available(backends: Sequence[str] | None) -> list[str]:
+def auto_engines(backends: Sequence[str] | None) -> list[str]:
+    """The engines auto considers: those named (an unknown one is an error), else every
+    available one but simulated adapters; ONNX Runtime always among them (last unless named)."""
     names = list(backends) if backends is not None else known_backends()
     found = []
     for name in names:
