@@ -1,4 +1,5 @@
-"""onnxruntime-web from npm: one pinned version, installed once into ferry's cache.
+"""onnxruntime-web (and the few other packages a bundle ships) from npm: pinned versions, each
+installed once into ferry's cache.
 
 ``npm install onnxruntime-web@<version>`` runs into ``<ferry cache>/npm/onnxruntime-web-<version>``
 (``~/.cache/ferry/npm/...`` unless ``FERRY_CACHE_DIR`` or ``XDG_CACHE_HOME`` say otherwise) and
@@ -21,6 +22,7 @@ __all__ = [
     "PINNED_ORT_WEB_VERSION",
     "RUNTIME_STEM",
     "bundle_files",
+    "ensure_npm_package",
     "ensure_onnxruntime_web",
     "npm_cache_dir",
 ]
@@ -43,21 +45,18 @@ _INSTALL_HINT = (
 )
 
 
-def npm_cache_dir(version: str) -> Path:
-    """Where ``onnxruntime-web@version`` is installed: ``<ferry cache>/npm/onnxruntime-web-<v>``."""
+def npm_cache_dir(version: str, package: str = "onnxruntime-web") -> Path:
+    """Where npm ``package@version`` is installed: ``<ferry cache>/npm/<package>-<version>``
+    (a scope's ``/`` written ``+``: ``@huggingface+jinja-0.5.11``)."""
     from ferry.runtime import default_cache_dir
 
-    return default_cache_dir() / "npm" / f"onnxruntime-web-{version}"
+    return default_cache_dir() / "npm" / f"{package.replace('/', '+')}-{version}"
 
 
 def bundle_files(version: str = PINNED_ORT_WEB_VERSION) -> list[str]:
     """The names, in onnxruntime-web's ``dist/``, of the files a bundle's ``ort/`` holds."""
     del version  # one layout for every version pinned so far; kept for the callers' sake
     return [ENTRY_MODULE, f"{RUNTIME_STEM}.mjs", f"{RUNTIME_STEM}.wasm"]
-
-
-def _complete(dist: Path, version: str) -> bool:
-    return all((dist / name).is_file() for name in bundle_files(version))
 
 
 def ensure_onnxruntime_web(version: str = PINNED_ORT_WEB_VERSION) -> Path:
@@ -67,10 +66,23 @@ def ensure_onnxruntime_web(version: str = PINNED_ORT_WEB_VERSION) -> Path:
         BackendUnavailableError: npm is not installed, or ``npm install`` failed (its last
             lines are in the message).
     """
-    root = npm_cache_dir(version)
-    dist = root / "node_modules" / "onnxruntime-web" / "dist"
-    if _complete(dist, version):
-        return dist
+    files = [f"dist/{name}" for name in bundle_files(version)]
+    return ensure_npm_package("onnxruntime-web", version, files) / "dist"
+
+
+def ensure_npm_package(package: str, version: str, files: list[str]) -> Path:
+    """The folder of npm ``package@version`` (``.../node_modules/<package>``), installed with npm
+    into ``<ferry cache>/npm/<package>-<version>`` unless ``files`` (paths inside the package)
+    are all there already.
+
+    Raises:
+        BackendUnavailableError: npm is not installed, or ``npm install`` failed (its last
+            lines are in the message).
+    """
+    root = npm_cache_dir(version, package)
+    installed = root / "node_modules" / package
+    if all((installed / f).is_file() for f in files):
+        return installed
     npm = shutil.which("npm")
     if npm is None:
         raise BackendUnavailableError(f"npm was not found on PATH: {_INSTALL_HINT}")
@@ -88,7 +100,7 @@ def ensure_onnxruntime_web(version: str = PINNED_ORT_WEB_VERSION) -> Path:
                     "--ignore-scripts",  # the runtime files are prebuilt; nothing needs to run
                     "--prefix",
                     str(tmp),
-                    f"onnxruntime-web@{version}",
+                    f"{package}@{version}",
                 ],
                 capture_output=True,
                 text=True,
@@ -97,14 +109,14 @@ def ensure_onnxruntime_web(version: str = PINNED_ORT_WEB_VERSION) -> Path:
             )
         except (OSError, subprocess.TimeoutExpired) as e:
             raise BackendUnavailableError(
-                f"`npm install onnxruntime-web@{version}` could not run ({e}); check npm and "
+                f"`npm install {package}@{version}` could not run ({e}); check npm and "
                 "the network access to the npm registry, then run the export again"
             ) from e
-        tmp_dist = tmp / "node_modules" / "onnxruntime-web" / "dist"
-        if proc.returncode != 0 or not _complete(tmp_dist, version):
+        tmp_pkg = tmp / "node_modules" / package
+        if proc.returncode != 0 or not all((tmp_pkg / f).is_file() for f in files):
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
             raise BackendUnavailableError(
-                f"`npm install onnxruntime-web@{version}` failed (exit {proc.returncode}); "
+                f"`npm install {package}@{version}` failed (exit {proc.returncode}); "
                 f"check the network access to the npm registry. npm said:\n{tail}"
             )
         if root.exists():
@@ -113,4 +125,4 @@ def ensure_onnxruntime_web(version: str = PINNED_ORT_WEB_VERSION) -> Path:
         tmp.replace(root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return dist
+    return installed
