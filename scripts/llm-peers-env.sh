@@ -4,7 +4,10 @@
 #
 #   .venv-llamacpp/  llama-cpp-python, compiled here from PyPI's source distribution for this
 #                    CPU (GGML_NATIVE: the AVX-512/VNNI kernels this machine has; no CUDA, no
-#                    BLAS). The compile takes ~7 minutes on a 2-core machine.
+#                    BLAS), with its [server] extra (fastapi, uvicorn, sse-starlette: the
+#                    OpenAI-compatible server benchmarks/serve_generate.py loads). The compile
+#                    takes ~7 minutes on a 2-core machine; a venv made before the extra was
+#                    added only gains the extra's packages (the installed build is kept).
 #   .venv-ortgenai/  onnxruntime-genai and what its model builder needs to turn the GGUF into an
 #                    int4 ONNX model: torch (CPU, 2.13.0 only), transformers (to load the GGUF
 #                    and save the Hugging Face folder the builder reads), accelerate, gguf, onnx-ir.
@@ -22,6 +25,7 @@
 # Versions (override with the environment variables): FERRY_LLAMACPP_VERSION (0.3.36),
 # FERRY_ORTGENAI_VERSION (0.18.0), FERRY_OVGENAI_VERSION (2026.4.1.0). Then:
 #   .venv/bin/python benchmarks/generate.py --peers llamacpp,ortgenai,ovgenai --fidelity
+#   .venv/bin/python benchmarks/serve_generate.py --markdown
 set -Eeuo pipefail
 
 FORCE=0
@@ -96,11 +100,13 @@ for peer in "${PEERS[@]}"; do
         export CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_BLAS=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF"
         export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
         say "llamacpp: llama-cpp-python $LLAMACPP_VERSION from source, CMAKE_ARGS='$CMAKE_ARGS' (installing it compiles for ~7 min)"
-        make_venv llamacpp "llama-cpp-python==$LLAMACPP_VERSION $CMAKE_ARGS" \
-            --no-binary llama-cpp-python --no-cache-dir "llama-cpp-python==$LLAMACPP_VERSION"
+        # The same version already installed satisfies pip: a venv from before [server] only
+        # gains the extra's packages, without compiling again.
+        make_venv llamacpp "llama-cpp-python[server]==$LLAMACPP_VERSION $CMAKE_ARGS" \
+            --no-binary llama-cpp-python --no-cache-dir "llama-cpp-python[server]==$LLAMACPP_VERSION"
         unset CMAKE_ARGS
-        STEP="llamacpp: import llama_cpp"
-        "$ROOT/.venv-llamacpp/bin/python" -c "import llama_cpp; print('  llama_cpp', llama_cpp.__version__)"
+        STEP="llamacpp: import llama_cpp, llama_cpp.server"
+        "$ROOT/.venv-llamacpp/bin/python" -c "import llama_cpp, llama_cpp.server.app; print('  llama_cpp', llama_cpp.__version__, '(with its server)')"
         ;;
     ortgenai)
         # torch pinned to the CPU build (the local wheel pip's find-links offers); a CUDA build
