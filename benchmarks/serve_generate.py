@@ -17,11 +17,13 @@ the server sends it, else one per content chunk, over the whole window), time to
 the first chunk with content) and inter-token latency (between chunks with content) at p50 and
 p99, and the failed requests (a status other than 200, a broken stream, an error in the stream,
 a timeout), counted and named, never dropped. The machine's load average is noted before and
-after each run (other work on the machine skews the figures).
+after each run (other work on the machine skews the figures). Where ferry was measured,
+``ferry bench ARTIFACT --generate`` then gives ferry generate's own decode speed on the same
+artifact and threads (``--no-reference`` skips it), which one stream at concurrency 1 is held to.
 
     python benchmarks/serve_generate.py [--servers llamacpp,ferry] [--concurrency 1,4,16]
         [--requests-per-user 3] [--max-tokens 128] [--threads 2] [--work DIR] [--rebuild]
-        [--markdown] [--json out.json]
+        [--no-reference] [--markdown] [--json out.json]
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from benchmarks._serve_generate import (  # noqa: E402
     running,
     summarize,
 )
+from benchmarks._serve_generate._reference import generate_reference  # noqa: E402
 from benchmarks.generate import GGUF, kit_chats  # noqa: E402
 
 SERVERS = ("llamacpp", "ferry")
@@ -158,6 +161,12 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     parser.add_argument("--rebuild", action="store_true", help="convert the GGUF again")
+    parser.add_argument(
+        "--no-reference",
+        dest="reference",
+        action="store_false",
+        help="skip ferry bench --generate (ferry generate's decode speed, for concurrency 1)",
+    )
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -218,6 +227,15 @@ def main() -> int:
                 f"{s['output_tokens_per_s']:.1f} output tok/s, {s['errors']} errors"
             )
             results["runs"].append(run)
+    if (
+        "ferry" in names
+        and args.reference
+        and any(s.get("name") == "ferry" for s in results["servers"])
+    ):
+        print("ferry bench --generate (the decode speed of ferry generate, for concurrency 1) ...")
+        results["reference"] = generate_reference(
+            args.work / "smollm2-int4", threads=args.threads, new_tokens=args.max_tokens
+        )
     results["machine"]["load_after"] = os.getloadavg()
     print(plain(results))
     for line in notes(results):

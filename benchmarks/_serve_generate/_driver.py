@@ -73,6 +73,13 @@ class RequestResult:
         times = self.chunk_times
         return [b - a for a, b in pairwise(times)]
 
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Tokens after the first over the time from the first content chunk to the last."""
+        times = self.chunk_times
+        span = times[-1] - times[0] if times else 0.0
+        return (self.tokens - 1) / span if span > 0 and self.tokens > 1 else None
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "user": self.user,
@@ -268,4 +275,10 @@ def summarize(load: Load) -> dict[str, Any]:
         "ttft_ms": percentiles_ms(r.ttft for r in done if r.ttft is not None),
         "itl_ms": percentiles_ms(x for r in done for x in r.itls),
         "e2e_ms": percentiles_ms(r.end - r.start for r in done),
+        "decode_tokens_per_s": _median(r.decode_tokens_per_s for r in done),
     }
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return float(np.median(present)) if present else None

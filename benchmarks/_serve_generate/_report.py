@@ -96,9 +96,12 @@ def notes(results: dict[str, Any]) -> list[str]:
             lines.append(f"{where}: not measured: {run['error']}")
             continue
         summary = run["summary"]
+        decode = summary.get("decode_tokens_per_s")
         lines.append(
             f"{where}: {summary['output_tokens']} tokens (counted from "
-            f"{summary['tokens_counted_from']}) in {summary['window_s']:.1f} s; finish "
+            f"{summary['tokens_counted_from']}) in {summary['window_s']:.1f} s"
+            + (f", {decode:.1f} tok/s per stream once started (median)" if decode else "")
+            + "; finish "
             + ", ".join(f"{k} {v}" for k, v in summary["finish_reasons"].items())
             + f"; load average {run['load_before'][0]:.2f} before, "
             f"{run['load_after'][0]:.2f} after"
@@ -117,13 +120,27 @@ def notes(results: dict[str, Any]) -> list[str]:
 
 def comparison(results: dict[str, Any]) -> list[str]:
     """ferry against llama.cpp's server at each concurrency both ran (issue 30's goal at 16:
-    output tokens/s at least 2x, and a lower p99 time to first token)."""
+    output tokens/s at least 2x, and a lower p99 time to first token), and one ferry stream
+    against ferry generate's decode speed (the goal at 1: within 10%)."""
     by: dict[tuple[str, int], dict[str, Any]] = {
         (run["name"], run["concurrency"]): run["summary"]
         for run in results["runs"]
         if not run.get("error")
     }
     lines = []
+    reference = results.get("reference")
+    single = by.get(("ferry", 1))
+    if reference and reference.get("error"):
+        lines.append(
+            f"ferry bench --generate (the reference at concurrency 1): {reference['error']}"
+        )
+    elif reference and single and single.get("decode_tokens_per_s"):
+        ratio = single["decode_tokens_per_s"] / reference["decode_tokens_per_s"]
+        lines.append(
+            f"ferry serve at concurrency 1 decodes {single['decode_tokens_per_s']:.1f} tok/s per "
+            f"stream (median), ferry generate {reference['decode_tokens_per_s']:.1f} "
+            f"(ferry bench --generate, {reference['label']}): {ratio:.2f}x (goal: within 10%)"
+        )
     for (name, c), ours in sorted(by.items()):
         theirs = by.get(("llamacpp", c))
         if name != "ferry" or theirs is None or not theirs["output_tokens_per_s"]:

@@ -191,11 +191,13 @@ def test_percentiles_and_summary_by_hand() -> None:
     assert s["output_tokens"] == 3 and s["output_tokens_per_s"] == 1.5
     assert s["ttft_ms"]["p50"] == pytest.approx(200) and s["itl_ms"]["count"] == 2
     assert s["error_kinds"] == {"HTTP 500: x": 1}
+    # 3 tokens, the last two 0.3 s after the first: 2 / 0.3 tok/s once the stream started.
+    assert s["decode_tokens_per_s"] == pytest.approx(2 / 0.3)
 
 
 def _results(fast: float, slow: float) -> dict[str, Any]:
     def run(title: str, name: str, rate: float, errors: int) -> dict[str, Any]:
-        good = RequestResult(user=0, start=0.0, end=1.0, chunk_times=[0.1 * rate, 0.2, 0.3])
+        good = RequestResult(user=0, start=0.0, end=1.0, chunk_times=[0.1 / rate, 0.2, 0.3])
         failed = [RequestResult(user=1, start=0, end=0.1, error="HTTP 429: busy")] * errors
         summary = summarize(Load([good, *failed], window_s=3 / rate))
         return {
@@ -229,10 +231,22 @@ def test_report_table_errors_and_comparison() -> None:
     lines = notes(results)
     assert "  2 failed: HTTP 429: busy" in lines
     assert "other at concurrency 4: not measured: no venv" in lines
+    assert any("ferry serve at concurrency 16: 3 tokens" in line for line in lines)
     assert any(
         line.startswith("ferry / llama.cpp server at concurrency 16: output tok/s 4.00x")
         for line in lines
     )
+
+
+def test_concurrency_one_against_ferry_generate() -> None:
+    results = _results(fast=4.0, slow=1.0)
+    results["runs"][1]["concurrency"] = 1
+    decode = results["runs"][1]["summary"]["decode_tokens_per_s"]
+    results["reference"] = {"decode_tokens_per_s": decode / 0.95, "label": "onnxruntime int4"}
+    [line] = [x for x in notes(results) if x.startswith("ferry serve at concurrency 1 decodes")]
+    assert "0.95x (goal: within 10%)" in line
+    results["reference"] = {"error": "ferry bench --generate failed (1): boom"}
+    assert any(x.endswith("failed (1): boom") for x in notes(results))
 
 
 def test_server_commands(tmp_path: Path) -> None:
