@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 __all__ = [
     "BackendUnavailableError",
     "ConversionError",
+    "EngineBusyError",
+    "EngineClosedError",
     "ExecutionError",
     "FerryError",
     "InvalidInputError",
@@ -59,6 +61,20 @@ class PlanError(FerryError):
 
 class ExecutionError(FerryError):
     """An engine failed while running a model on the given inputs (a Reshape that does not fit...)."""
+
+
+class EngineBusyError(FerryError):
+    """A generation engine's queue is full: the request was not admitted; retry after
+    ``retry_after`` seconds (HTTP 429)."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        #: Seconds after which a retry is likely to be admitted.
+        self.retry_after = retry_after
+
+
+class EngineClosedError(FerryError):
+    """A generation engine is draining or closed: it admits no new request (HTTP 503)."""
 
 
 def list_ops(

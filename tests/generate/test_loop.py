@@ -345,7 +345,7 @@ def test_a_tiny_random_real_decoder(name: str) -> None:
 
 
 def test_text_that_may_begin_a_stop_string_is_held_back() -> None:
-    from ferry.generate._loop import _safe_end
+    from ferry.generate._text import safe_end as _safe_end
 
     assert _safe_end("hello wo", 0, ["world"]) == len("hello ")
     assert _safe_end("hello wo", 0, ["x", "o w", "world"]) == len("hello ")

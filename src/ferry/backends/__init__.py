@@ -23,7 +23,7 @@ from ferry._lazy import lazy_getattr
 from ferry.backends._api import Backend, CompiledPartition, CompileSpec
 from ferry.backends._base import COMMON_OPTIONS, BackendBase, check_options, require_base
 from ferry.backends._capability import rule_table
-from ferry.backends._kv import CopyingKVRunner, KVLayout, KVRunner
+from ferry.backends._kv import CopyingKVRunner, KVLayout, KVPool, KVRunner, PerRowKVPool
 from ferry.backends._placement import (
     DEFAULT_MIN_PARTITION_SIZE,
     SHAPE_INPUTS,
@@ -89,10 +89,12 @@ __all__ = [
     "CopyingKVRunner",
     "EngineUse",
     "KVLayout",
+    "KVPool",
     "KVRunner",
     "NodeCheck",
     "NodeVerdict",
     "OpRule",
+    "PerRowKVPool",
     "PlacementCost",
     "PlacementReport",
     "RuleTable",

@@ -19,7 +19,7 @@ import numpy as np
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-    from ferry.backends._kv import KVLayout, KVRunner
+    from ferry.backends._kv import KVLayout, KVPool, KVRunner
     from ferry.backends._rules import OpRule
     from ferry.plan import Partition
 
@@ -139,6 +139,11 @@ class Backend(Protocol):
         """A runner that keeps a decoder's key/value cache inside the engine for one sequence
         (``compiled`` is one of this engine's partitions); None when the engine cannot, and the
         token loop feeds presents back as pasts itself."""
+        ...
+
+    def kv_pool(self, compiled: CompiledPartition, layout: KVLayout, rows: int) -> KVPool | None:
+        """The caches of up to ``rows`` sequences kept inside the engine and decoded as one
+        batch (``compiled`` is one of this engine's partitions); None when it cannot."""
         ...
 
     def compile(self, spec: CompileSpec) -> CompiledPartition:

@@ -26,7 +26,7 @@ from ferry.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from ferry.backends._api import Backend, CompiledPartition, CompileSpec
-    from ferry.backends._kv import KVLayout, KVRunner
+    from ferry.backends._kv import KVLayout, KVPool, KVRunner
     from ferry.backends._rules import OpRule
 
 __all__ = [
@@ -167,6 +167,12 @@ class BackendBase:
         """None: a decoder on this engine gets its presents fed back as pasts through numpy
         (:class:`~ferry.backends._kv.CopyingKVRunner`); an engine that can keep the cache
         itself returns a runner that does."""
+        return None
+
+    def kv_pool(self, compiled: CompiledPartition, layout: KVLayout, rows: int) -> KVPool | None:
+        """None: continuous batching steps one :meth:`kv_runner` per sequence
+        (:class:`~ferry.backends._kv.PerRowKVPool`); an engine that can decode many sequences'
+        caches as one batch returns a pool that does."""
         return None
 
     def compile(self, spec: CompileSpec) -> CompiledPartition:

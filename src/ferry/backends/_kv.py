@@ -13,12 +13,12 @@ through numpy.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["CopyingKVRunner", "KVLayout", "KVRunner"]
+__all__ = ["CopyingKVRunner", "KVLayout", "KVPool", "KVRunner", "PerRowKVPool"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,3 +94,59 @@ class CopyingKVRunner:
             self._past[past] = outputs[present]
         logits: np.ndarray = outputs[self.layout.logits]
         return logits
+
+
+class KVPool(Protocol):
+    """The caches of up to ``rows`` sequences, kept by the engine, run together: what continuous
+    batching steps. Each sequence owns one row of ``layout.capacity`` slots from its prompt to
+    its last token; a decode step runs one new token for many rows at once.
+
+    ``run`` takes feeds for the rows it is given, in their order: ``input_ids`` ``[n, S]``,
+    ``attention_mask`` ``[n, capacity]`` (1 for each row's slots in use, the new ones
+    included), ``position_ids``; ``S > 1`` (a prompt or a chunk of one) only for one row. A row
+    whose mask is the new tokens' alone starts a new sequence there.
+    """
+
+    layout: KVLayout
+    rows: int
+
+    def run(self, rows: Sequence[int], feeds: Mapping[str, np.ndarray]) -> np.ndarray:
+        """One step for ``rows``: the logits ``[len(rows), S, vocab]``."""
+        ...
+
+
+class PerRowKVPool:
+    """A pool for any engine: one :class:`KVRunner` per row (the engine's own where it keeps a
+    cache, e.g. OpenVINO's stateful requests), stepped one row after another.
+
+    Args:
+        make_runner: a new runner for one sequence (``Session.kv_runner`` on a one-row layout).
+        layout: one row's layout (``batch`` 1, ``capacity`` slots).
+        rows: how many sequences at once.
+    """
+
+    def __init__(
+        self, make_runner: Callable[[KVLayout], KVRunner], layout: KVLayout, rows: int
+    ) -> None:
+        self.layout = layout
+        self.rows = rows
+        self._make = make_runner
+        self._runners: list[KVRunner | None] = [None] * rows
+
+    def run(self, rows: Sequence[int], feeds: Mapping[str, np.ndarray]) -> np.ndarray:
+        new = int(feeds["input_ids"].shape[1])
+        out = []
+        for index, row in enumerate(rows):
+            mask = feeds["attention_mask"][index : index + 1]
+            used = int(mask.sum()) - new
+            runner = self._runners[row]
+            if used == 0 or runner is None:  # a new sequence in this row
+                runner = self._runners[row] = self._make(self.layout)
+            one = {
+                name: array[index : index + 1] if array.ndim else array
+                for name, array in feeds.items()
+            }
+            if not runner.in_place:
+                one["attention_mask"] = np.ones((1, used + new), dtype=mask.dtype)
+            out.append(runner.run(one))
+        return np.concatenate(out, axis=0)

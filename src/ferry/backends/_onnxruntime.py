@@ -28,6 +28,7 @@ from ferry.backends._api import CompiledPartition, CompileSpec
 from ferry.backends._base import BackendBase, model_source
 from ferry.backends._kv import KVLayout
 from ferry.backends._onnxruntime_kv import OrtKVRunner
+from ferry.backends._onnxruntime_kv_pool import OrtKVPool
 from ferry.backends._rules import OpRule, RuleTable, all_checks, subgraphs_supported
 from ferry.errors import (
     BackendUnavailableError,
@@ -123,6 +124,14 @@ class OnnxRuntimeBackend(BackendBase):
         if not isinstance(compiled, OnnxRuntimePartition) or compiled._exotic_in:
             return None
         return OrtKVRunner(compiled.session, layout, ort_error_message)
+
+    def kv_pool(self, compiled: CompiledPartition, layout: KVLayout, rows: int) -> OrtKVPool | None:
+        """One pool of caches decoded as one batch, where the graph shares past and present."""
+        if not isinstance(compiled, OnnxRuntimePartition) or compiled._exotic_in:
+            return None
+        if not layout.in_place:
+            return None
+        return OrtKVPool(compiled.session, layout, rows, ort_error_message)
 
     def load(self, blob: bytes, spec: CompileSpec) -> OnnxRuntimePartition:
         # ORT compiles in-process from the model itself; there is nothing extra to cache.

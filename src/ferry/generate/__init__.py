@@ -20,6 +20,12 @@ if TYPE_CHECKING:
         write_decoder_artifact,
     )
     from ferry.generate._auto import DecoderChoice, auto_decoder
+    from ferry.generate._batch import (
+        BatchEngine,
+        EngineObserver,
+        GenerationRequest,
+        GenerationStream,
+    )
     from ferry.generate._config import SUPPORTED_ARCHITECTURES, DecoderConfig
     from ferry.generate._convert import DECODER_PRECISIONS, convert_decoder
     from ferry.generate._describe import describe_decoder
@@ -34,13 +40,17 @@ if TYPE_CHECKING:
 __all__ = [
     "DECODER_PRECISIONS",
     "SUPPORTED_ARCHITECTURES",
+    "BatchEngine",
     "ChatTemplate",
     "DecoderChoice",
     "DecoderConfig",
     "DecoderFiles",
     "DecoderSession",
     "DecoderWeights",
+    "EngineObserver",
     "Generation",
+    "GenerationRequest",
+    "GenerationStream",
     "PerplexityResult",
     "SamplingOptions",
     "TokenEvent",
@@ -72,5 +82,6 @@ __getattr__ = lazy_getattr(
         "_artifact",
         "_auto",
         "_perplexity",
+        "_batch",
     ],
 )

@@ -18,6 +18,7 @@ import numpy as np
 from ferry.backends import KVLayout, KVRunner
 from ferry.errors import InvalidInputError, ModelLoadError
 from ferry.generate._sampling import Sampler, sampling_options
+from ferry.generate._text import SequenceText
 
 if TYPE_CHECKING:
     from ferry.runtime import Session
@@ -29,8 +30,6 @@ GENERATIVE_KEY = "ferry.generative"
 CONFIG_KEY = "ferry.decoder_config"
 DEFAULT_MAX_NEW_TOKENS = 256
 _PAST = re.compile(r"past_key_values\.(\d+)\.key")
-# U+FFFD: what decoding gives for the first bytes of a character whose last ones are still to come.
-_PARTIAL = "\ufffd"
 
 
 @dataclass(frozen=True)
@@ -311,11 +310,10 @@ class DecoderSession:
             raise InvalidInputError(f"ids: {bad[:5]} outside the vocabulary [0, {vocab})")
         return out
 
-    def kv_runner(self, capacity: int) -> KVRunner:
-        """A runner for one new sequence of up to ``capacity`` slots (prompt + new tokens),
-        the cache kept by the engine where it can (``Session.kv_runner``)."""
+    def kv_layout(self, capacity: int) -> KVLayout:
+        """The cache of one sequence of up to ``capacity`` slots (prompt + new tokens)."""
         heads, dim, dtype = self._kv
-        layout = KVLayout(
+        return KVLayout(
             self._past,
             self._present,
             "logits",
@@ -325,7 +323,21 @@ class DecoderSession:
             capacity,
             self.in_place_cache,
         )
-        return self.session.kv_runner(layout)
+
+    def kv_runner(self, capacity: int) -> KVRunner:
+        """A runner for one new sequence of up to ``capacity`` slots (prompt + new tokens),
+        the cache kept by the engine where it can (``Session.kv_runner``)."""
+        return self.session.kv_runner(self.kv_layout(capacity))
+
+    @property
+    def keeps_last_logits(self) -> bool:
+        """The graph can run its output head on the last positions only (``logits_to_keep``)."""
+        return self._keep
+
+    @property
+    def takes_positions(self) -> bool:
+        """The graph reads ``position_ids``."""
+        return self._positions
 
     def step(
         self, runner: KVRunner, tokens: Sequence[int], used: int, *, last_only: bool = False
@@ -358,33 +370,15 @@ class DecoderSession:
         runner = self.kv_runner(len(prompt_ids) + budget)
         used = 0
         seen = list(prompt_ids)
-        new: list[int] = []
-        emitted = 0  # characters of the text already given out
-        text, finish = "", "length"
+        text = SequenceText(self.tokenizer, self.eos_ids, stops, budget)
         tokens = prompt_ids  # the prefill: the whole prompt in one call
-        for step in range(budget):
+        while text.finish_reason is None:
             token = sampler(self.step(runner, tokens, used, last_only=True)[-1], seen)
             used += len(tokens)
             seen.append(token)
-            new.append(token)
             tokens = [token]
-            if token in self.eos_ids:
-                finish = "stop"
-                yield TokenEvent(token, text[emitted:])
-                break
-            text = self.tokenizer.decode(new, skip_special_tokens=True)
-            cut = _first_stop(text, stops)
-            if cut is not None:
-                text, finish = text[:cut], "stop"
-                yield TokenEvent(token, text[emitted:])
-                break
-            if step == budget - 1:
-                yield TokenEvent(token, text[emitted:])
-                break
-            safe = _safe_end(text, emitted, stops)
-            yield TokenEvent(token, text[emitted:safe])
-            emitted = safe
-        yield Generation(text, new, finish, len(prompt_ids))
+            yield TokenEvent(token, text.add(token))
+        yield Generation(text.text, text.ids, text.finish_reason, len(prompt_ids))
 
 
 def _in_place(session: Session, past: Sequence[str]) -> bool:
@@ -399,26 +393,6 @@ def _in_place(session: Session, past: Sequence[str]) -> bool:
         nodes and all(n.op_type == "GroupQueryAttention" for n in nodes)
         for nodes in readers.values()
     )
-
-
-def _first_stop(text: str, stops: list[str]) -> int | None:
-    found = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return min(found) if found else None
-
-
-def _safe_end(text: str, start: int, stops: list[str]) -> int:
-    """How far the text may be given out: not a trailing partial character (U+FFFD, completed
-    by the next token), nor a tail that may begin a stop string."""
-    end = len(text)
-    while end > start and text[end - 1] == _PARTIAL:
-        end -= 1
-    hold = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, end - start), hold, -1):
-            if text[end - k : end] == s[:k]:
-                hold = k
-                break
-    return end - hold
 
 
 def _graph_config(session: Session) -> dict[str, Any]:

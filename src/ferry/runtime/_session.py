@@ -26,7 +26,9 @@ from ferry.backends import (
     CompileSpec,
     CopyingKVRunner,
     KVLayout,
+    KVPool,
     KVRunner,
+    PerRowKVPool,
     check_options,
     get_backend,
 )
@@ -209,6 +211,17 @@ class Session:
             if runner is not None:
                 return runner
         return CopyingKVRunner(self.run, layout)
+
+    def kv_pool(self, layout: KVLayout, rows: int) -> KVPool:
+        """Caches for up to ``rows`` sequences of ``layout.capacity`` slots each, decoded as one
+        batch by the engine where it can (ONNX Runtime on a graph sharing past and present),
+        else one :meth:`kv_runner` per sequence stepped in turn."""
+        if self._single is not None:
+            engine = get_backend(self.plan.partitions[0].backend)
+            pool = engine.kv_pool(self._single, layout, rows)
+            if pool is not None:
+                return pool
+        return PerRowKVPool(self.kv_runner, layout, rows)
 
     def _check_outputs(self, outputs: Sequence[str]) -> list[str]:
         if isinstance(outputs, str):

@@ -1,0 +1,148 @@
+"""ONNX Runtime keeps many sequences' caches in one pool and decodes them as one batch.
+
+One zeroed buffer per cache tensor, ``[rows, kv_heads, capacity, head_dim]``; row ``r`` is one
+sequence's cache from its prompt to its last token. GroupQueryAttention writes each row's new
+slot where that row's mask ends, so a decode step over rows of different lengths runs as one
+batch, every row in place: the rows a step covers are bound as one contiguous slice of the pool
+(rows between them that are idle ride along with an empty mask, which costs one slot of
+attention each). A prompt runs for its row alone: the first chunk as a plain run whose presents
+are copied into the row (an empty wide past made a prefill 1.6x slower), later chunks in place on
+the row's slice (GroupQueryAttention takes a batch of prompts only without a past).
+
+``calloc`` gives the buffers untouched pages: memory is committed as rows fill, not up front.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ferry.backends._kv import KVLayout
+from ferry.errors import ExecutionError
+
+__all__ = ["OrtKVPool"]
+
+
+class OrtKVPool:
+    """A :class:`~ferry.backends.KVPool` on an ``onnxruntime.InferenceSession`` whose graph
+    shares past and present (``KVLayout.in_place``)."""
+
+    def __init__(
+        self, session: Any, layout: KVLayout, rows: int, error_message: Callable[[Any], str]
+    ) -> None:
+        import onnxruntime as ort
+
+        self._session = session
+        self.layout = layout
+        self.rows = rows
+        self._message = error_message
+        self._ortvalue = ort.OrtValue.ortvalue_from_numpy
+        shape = (rows, layout.kv_heads, layout.capacity, layout.head_dim)
+        self._buffers = [np.zeros(shape, dtype=layout.dtype) for _ in layout.past]
+        self._binding = session.io_binding()
+        self._bound: tuple[int, int] | None = None  # the slice of rows bound now
+        self._defaults = {value.name for value in session.get_overridable_initializers()}
+        self._vocab = _vocab(session, layout.logits)
+        # slots each row holds: an idle row a step covers gets its new slot after them, where
+        # no sequence's data is (a row between two chunks of its prompt keeps its cache)
+        self._used = [0] * rows
+
+    def run(self, rows: Sequence[int], feeds: Mapping[str, np.ndarray]) -> np.ndarray:
+        logits = self._run(rows, feeds)
+        for row, mask in zip(rows, feeds["attention_mask"]):
+            self._used[row] = int(mask.sum())
+        return logits
+
+    def _run(self, rows: Sequence[int], feeds: Mapping[str, np.ndarray]) -> np.ndarray:
+        new = int(feeds["input_ids"].shape[1])
+        if new > 1:
+            if len(rows) != 1:
+                raise ValueError("a prompt runs for one row at a time")
+            used = int(feeds["attention_mask"][0].sum()) - new
+            if used == 0:
+                return self._prefill(rows[0], feeds, new)
+        first, last = min(rows), max(rows)
+        width = last - first + 1
+        if len(rows) == width and list(rows) == list(range(first, last + 1)):
+            batch = dict(feeds)
+        else:  # idle rows in between ride along with an empty mask
+            batch = {}
+            where = [row - first for row in rows]
+            for name, array in feeds.items():
+                if not array.ndim:
+                    batch[name] = array
+                    continue
+                full = np.zeros((width, *array.shape[1:]), dtype=array.dtype)
+                full[where] = array
+                batch[name] = full
+            mask = batch["attention_mask"]
+            busy = set(where)
+            for index in range(width):
+                if index not in busy:
+                    mask[index, : min(self._used[first + index] + 1, mask.shape[1])] = 1
+        logits = self._step(first, width, batch, new)
+        if len(rows) == width:
+            return logits
+        return logits[[row - first for row in rows]]
+
+    def _prefill(self, row: int, feeds: Mapping[str, np.ndarray], new: int) -> np.ndarray:
+        plain = dict(feeds)
+        plain["attention_mask"] = feeds["attention_mask"][:, :new]
+        empty = self.layout.empty(0)
+        plain.update(dict.fromkeys(self.layout.past, empty))
+        names = [self.layout.logits, *self.layout.present]
+        try:
+            outputs = self._session.run(names, plain)
+        except Exception as e:  # ORT raises its own exception types from C++
+            raise ExecutionError(
+                f"onnxruntime failed to run the decoder: {self._message(e)}"
+            ) from e
+        for buffer, present in zip(self._buffers, outputs[1:]):
+            buffer[row, :, :new] = present[0]
+        logits: np.ndarray = outputs[0]
+        return logits
+
+    def _bind(self, first: int, width: int) -> None:
+        if self._bound == (first, width):
+            return
+        for past, present, buffer in zip(self.layout.past, self.layout.present, self._buffers):
+            value = self._ortvalue(buffer[first : first + width])
+            self._binding.bind_ortvalue_input(past, value)
+            self._binding.bind_ortvalue_output(present, value)
+        self._bound = (first, width)
+
+    def _step(
+        self, first: int, width: int, feeds: Mapping[str, np.ndarray], new: int
+    ) -> np.ndarray:
+        self._bind(first, width)
+        binding = self._binding
+        for name, array in feeds.items():
+            if name in self._defaults:
+                continue  # I/O binding takes only true inputs (logits_to_keep is an initializer)
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        if self._vocab is not None:
+            logits = np.empty((width, new, self._vocab), dtype=np.float32)
+            binding.bind_ortvalue_output(self.layout.logits, self._ortvalue(logits))
+        else:
+            binding.bind_output(self.layout.logits)
+        try:
+            self._session.run_with_iobinding(binding)
+        except Exception as e:  # ORT raises its own exception types from C++
+            raise ExecutionError(
+                f"onnxruntime failed to run the decoder: {self._message(e)}"
+            ) from e
+        if self._vocab is not None:
+            return logits
+        result: np.ndarray = binding.get_outputs()[-1].numpy()
+        return result
+
+
+def _vocab(session: Any, logits: str) -> int | None:
+    """The logits' last dim when the graph fixes it and they are float32, else None."""
+    for output in session.get_outputs():
+        if output.name == logits and output.type == "tensor(float)":
+            last = output.shape[-1] if output.shape else None
+            return last if isinstance(last, int) else None
+    return None
