@@ -34,6 +34,7 @@ import contextlib
 import json
 import logging
 import math
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -208,8 +209,8 @@ async def follow(
         if not state.cut_off:
             raise
         task = asyncio.current_task()
-        if task is not None:
-            task.uncancel()  # answered below, not cancelled
+        if sys.version_info >= (3, 11) and task is not None:
+            task.uncancel()  # answered by the caller, not cancelled
         return Finish("".join(said), "abort", stream.prompt_tokens, tokens)
     if not pumping.done():
         await _stop(stream, pumping, watching)

@@ -343,14 +343,12 @@ def _params(body: Mapping[str, Any]) -> GenerateParams:
     if options is not None:
         if not isinstance(options, Mapping):
             raise invalid("stream_options", "'stream_options' must be an object")
-        include_usage = options.get("include_usage")
-        if include_usage is None:
-            include_usage = False
-        if not isinstance(include_usage, bool):
+        asked = options.get("include_usage")
+        if asked is not None and not isinstance(asked, bool):
             raise invalid(
-                "stream_options.include_usage",
-                f"include_usage={include_usage!r}: it takes true or false",
+                "stream_options.include_usage", f"include_usage={asked!r}: it takes true or false"
             )
+        include_usage = bool(asked)
     # The ranges are OpenAI's, checked above (SamplingOptions' own are wider).
     sampling = SamplingOptions(
         temperature=temperature,
