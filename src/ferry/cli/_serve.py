@@ -103,6 +103,35 @@ from ferry.serving import DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
     "the folder's name; a folder of bundles mounts each). Bundles of served models "
     "(REPO/<model>/web/, or SOURCE itself) are served without it.",
 )
+@click.option(
+    "--max-num-seqs",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Generative models: sequences decoded at once (continuous batching's batch).",
+)
+@click.option(
+    "--max-model-len",
+    type=click.IntRange(min=2),
+    default=None,
+    help="Generative models: a sequence's prompt + new tokens at most [default: the model's "
+    "context].",
+)
+@click.option(
+    "--kv-cache-mib",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Generative models: the KV cache budget in MiB; each running sequence reserves its "
+    "prompt + max_tokens out of it and requests wait for room [default: --max-num-seqs "
+    "sequences of --max-model-len].",
+)
+@click.option(
+    "--max-queue",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    help="Generative models: requests waiting beyond this are answered 429 with Retry-After.",
+)
 def command(
     source: Path,
     host: str,
@@ -118,10 +147,17 @@ def command(
     explicit: bool,
     load_names: tuple[str, ...],
     web: tuple[str, ...],
+    max_num_seqs: int,
+    max_model_len: int | None,
+    kv_cache_mib: float | None,
+    max_queue: int,
 ) -> None:
     """Serve SOURCE (a model repository, an .onnx file or an artifact folder) over HTTP.
 
     Clients speak KServe v2 (Open Inference Protocol): Triton's client, KServe's, or plain HTTP.
+    A generative artifact (ferry convert of a GGUF or a Hugging Face checkpoint) is served with
+    the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models) and Triton's generate
+    extension, its requests decoded together by continuous batching.
     A repository is laid out as Triton's: REPO/<model>/<version>/model.onnx with an optional
     REPO/<model>/config.json. Ctrl-C or SIGTERM stops accepting requests, lets those in flight
     finish (up to --drain-timeout), and exits 0; a second Ctrl-C stops at once (exit 130).
@@ -133,9 +169,10 @@ def command(
       ferry serve models/ --backends openvino --precision bf16
       ferry serve models/ --explicit --load mlp --api-key "$KEY"
       ferry serve site/                   # a web bundle: its page at /web/site/
+      ferry serve smollm/ --max-num-seqs 16 --kv-cache-mib 1024   # a decoder: the OpenAI API
     """
     from ferry.errors import FerryError
-    from ferry.serving import ServerThread, create_app, sigterm_interrupts
+    from ferry.serving import GenerationSettings, ServerThread, create_app, sigterm_interrupts
 
     app = create_app(
         source,
@@ -149,6 +186,12 @@ def command(
         load=list(load_names) or None,
         strict_readiness=strict_readiness,
         web=list(web),
+        generation=GenerationSettings(
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            kv_cache_mib=kv_cache_mib,
+            max_queue=max_queue,
+        ),
     )
     state = app.state.ferry
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:

@@ -30,7 +30,12 @@ if TYPE_CHECKING:
     from ferry.generate._convert import DECODER_PRECISIONS, convert_decoder
     from ferry.generate._describe import describe_decoder
     from ferry.generate._graph import build_decoder
-    from ferry.generate._loop import DecoderSession, Generation, TokenEvent
+    from ferry.generate._loop import (
+        DecoderSession,
+        Generation,
+        TokenEvent,
+        is_generative_artifact,
+    )
     from ferry.generate._perplexity import PerplexityResult, perplexity, teacher_forced_logits
     from ferry.generate._sampling import SamplingOptions
     from ferry.generate._template import ChatTemplate
@@ -60,6 +65,7 @@ __all__ = [
     "build_tokenizer",
     "convert_decoder",
     "describe_decoder",
+    "is_generative_artifact",
     "load_decoder_files",
     "perplexity",
     "teacher_forced_logits",

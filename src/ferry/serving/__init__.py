@@ -61,6 +61,12 @@ if TYPE_CHECKING:
         triton_config,
     )
     from ferry.serving._config_file import read_config
+    from ferry.serving._generative import (
+        GenerationMetrics,
+        GenerationSettings,
+        GenerativeVersion,
+        load_generative,
+    )
     from ferry.serving._http import (
         DEFAULT_MAX_REQUEST_BYTES,
         HTTPError,
@@ -118,6 +124,9 @@ __all__ = [
     "DynamicBatcher",
     "Execution",
     "ExecutionRecord",
+    "GenerationMetrics",
+    "GenerationSettings",
+    "GenerativeVersion",
     "HTTPError",
     "InferRequest",
     "Instance",
@@ -152,6 +161,7 @@ __all__ = [
     "error_response",
     "find_model_file",
     "list_models",
+    "load_generative",
     "load_version",
     "model_name_for",
     "parse_config",
@@ -176,6 +186,7 @@ _MODULES = (
     "_codec",
     "_batcher",
     "_scheduler",
+    "_generative",
     "_repository",
     "_app",
 )

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 from ferry._version import __version__
 from ferry.errors import (
     BackendUnavailableError,
+    EngineBusyError,
+    EngineClosedError,
     ExecutionError,
     FerryError,
     InvalidInputError,
@@ -40,6 +42,7 @@ from ferry.errors import (
 )
 from ferry.serving._codec import decode_request, encode_response
 from ferry.serving._config import triton_config
+from ferry.serving._generative import GenerationSettings
 from ferry.serving._http import (
     DEFAULT_MAX_REQUEST_BYTES,
     HTTPError,
@@ -76,6 +79,10 @@ def status_of(error: BaseException) -> int:
         return 503
     if isinstance(error, ExecutionError):
         return 500
+    if isinstance(error, EngineBusyError):
+        return 429
+    if isinstance(error, EngineClosedError):
+        return 503
     if isinstance(error, FerryError):
         return 400
     return 500
@@ -185,6 +192,7 @@ def create_app(
     web: Mapping[str, str | os.PathLike[str]] | Sequence[str | os.PathLike[str]] | None = None,
     batcher: Callable[..., Any] | None = None,
     threads: int | None = None,
+    generation: GenerationSettings | None = None,
 ) -> Starlette:
     """The ASGI app serving a model repository, a model file or an artifact folder.
 
@@ -217,6 +225,8 @@ def create_app(
             Serve's deployment gives one on ``@serve.batch``).
         threads: engine threads per model instance, one instance per version unless its config
             says (a Ray Serve replica's share); None: the machine's cores shared out.
+        generation: how generative artifacts are served: continuous batching's sequences at
+            once, model length, KV cache budget, queue (default :class:`GenerationSettings`).
 
     Raises:
         ModelLoadError: the source does not exist or is not a model, artifact or repository.
@@ -251,6 +261,7 @@ def create_app(
         metrics=metrics,
         batcher=batcher,
         threads=threads,
+        generation=generation,
     )
     state = ServingState(repository, metrics, api_key=api_key, max_request_bytes=max_request_bytes)
     state.strict_readiness = strict_readiness
@@ -281,9 +292,14 @@ def create_app(
             Route(f"/v2/models/{{model}}/versions/{{version}}{path}", endpoint, methods=methods),
         ]
 
+    from ferry.serving._openai import openai_routes
+    from ferry.serving._triton_generate import generate_routes
+
     routes = [
         # Inference first: routes are tried in order, and it is the hot path.
         *versioned("/infer", _infer, ["POST"]),
+        *openai_routes(),
+        *generate_routes(),
         Route("/v2", _endpoint(_server_metadata), methods=["GET"]),
         Route("/v2/health/live", _endpoint(_live), methods=["GET"]),
         Route("/v2/health/ready", _endpoint(_ready), methods=["GET"]),

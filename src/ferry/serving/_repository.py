@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ferry.errors import FerryError, InvalidInputError, ModelLoadError
+from ferry.generate import is_generative_artifact
 from ferry.serving._config import (
     ConfigError,
     ModelConfig,
@@ -48,6 +49,7 @@ from ferry.serving._config import (
 )
 from ferry.serving._config_file import read_config
 from ferry.serving._declared import DeclaredVersion
+from ferry.serving._generative import GenerationSettings, GenerativeVersion, load_generative
 from ferry.serving._metrics import Metrics, VersionRecorder
 from ferry.serving._scheduler import ModelVersion, available_cores, load_version
 
@@ -240,6 +242,7 @@ class ModelRepository:
         warmup: run each instance once before a version reports ready.
         metrics: where the versions' metrics go.
         batcher: makes each batching version's batcher (see :class:`ModelVersion`).
+        generation: how generative artifacts are served (continuous batching settings).
         threads: engine threads per instance, one instance per version unless its config says
             (see :func:`load_version`); None: the cores shared out.
 
@@ -262,6 +265,7 @@ class ModelRepository:
         metrics: Metrics | None = None,
         batcher: Callable[..., Any] | None = None,
         threads: int | None = None,
+        generation: GenerationSettings | None = None,
     ) -> None:
         path = Path(source)
         if precision is not None:
@@ -287,6 +291,8 @@ class ModelRepository:
         if threads is not None and (type(threads) is not int or threads < 1):
             raise InvalidInputError(f"threads must be a positive integer, got {threads!r}")
         self.threads = threads
+        #: How generative artifacts are served (continuous batching settings).
+        self.generation = generation or GenerationSettings()
         self.metrics = metrics
         self.source = path
         self.root: Path | None = None
@@ -711,19 +717,35 @@ class ModelRepository:
         path = files.path
         if files.error is not None or path is None:
             return files.error or "no model file"
+        generative = is_generative_artifact(path.parent)
         try:
-            loaded = await self._run_blocking(
-                lambda: load_version(
-                    name,
-                    path,
-                    config,
-                    backends=self.backends,
-                    precision=self.precision,
-                    optimize=self.optimize,
-                    warmup=self.warmup,
-                    threads=self.threads,
+            if generative:
+                parts = await self._run_blocking(
+                    lambda: load_generative(
+                        name,
+                        files.version,
+                        path.parent,
+                        config,
+                        self.generation,
+                        self.metrics,
+                        backends=self.backends,
+                        threads=self.threads,
+                        warmup=self.warmup,
+                    )
                 )
-            )
+            else:
+                loaded = await self._run_blocking(
+                    lambda: load_version(
+                        name,
+                        path,
+                        config,
+                        backends=self.backends,
+                        precision=self.precision,
+                        optimize=self.optimize,
+                        warmup=self.warmup,
+                        threads=self.threads,
+                    )
+                )
         except FerryError as e:
             # Start-up failures are reported by the index (and printed by ferry serve); later
             # ones (a poll, a load request) happen while nobody watches, so they are logged.
@@ -734,8 +756,12 @@ class ModelRepository:
             logger.exception("model %r version %d failed to load", name, files.version)
             return f"internal error: {type(e).__name__}: {e}"
         recorder = VersionRecorder(self.metrics, name, str(files.version))
-        kind = DeclaredVersion if config.inputs or config.outputs else ModelVersion
-        version = kind(name, files.version, loaded, recorder, config, self.batcher)
+        version: ModelVersion
+        if generative:
+            version = GenerativeVersion(name, files.version, parts[0], recorder, config, *parts[1:])
+        else:
+            kind = DeclaredVersion if config.inputs or config.outputs else ModelVersion
+            version = kind(name, files.version, loaded, recorder, config, self.batcher)
         version.start()
         logger.info("model %r version %d is ready", name, files.version)
         return version
