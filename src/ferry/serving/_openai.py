@@ -227,8 +227,14 @@ async def follow(
 
 
 async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
+    """Return when the client disconnects."""
+    try:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+    except Exception:
+        # A host whose receive fails once the body is read cannot say: the answer runs on.
+        logger.debug("cannot watch the client's connection", exc_info=True)
+        await asyncio.Event().wait()
 
 
 async def _stop(stream: GenerationStream, *tasks: asyncio.Future[Any]) -> None:
