@@ -632,6 +632,19 @@ def test_real_completion_and_triton_generate(real: TestClient, tiny_artifact: Pa
     assert response.status_code == 400 and "/v1/chat/completions" in response.json()["error"]
 
 
+def test_real_artifact_folder_served_alone(tiny_artifact: Path) -> None:
+    """``ferry serve ARTIFACT/``: the folder is the model (named after it)."""
+    app = create_app(tiny_artifact)
+    with TestClient(app) as client:
+        assert app.state.ferry.started.wait(120)
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["1"]
+        body = {"model": "1", "prompt": "Hi", "max_tokens": 3, "temperature": 0}
+        answer = client.post("/v1/completions", json=body).json()
+        assert (
+            answer["choices"][0]["text"] == alone(tiny_artifact, prompt="Hi", max_new_tokens=3).text
+        )
+
+
 @pytest.mark.parametrize(
     ("change", "status", "param", "code"),
     [

@@ -717,14 +717,16 @@ class ModelRepository:
         path = files.path
         if files.error is not None or path is None:
             return files.error or "no model file"
-        generative = is_generative_artifact(path.parent)
+        # an artifact folder (ferry serve ARTIFACT/), or the folder of a version's model.onnx
+        folder = path if path.is_dir() else path.parent
+        generative = is_generative_artifact(folder)
         try:
             if generative:
                 parts = await self._run_blocking(
                     lambda: load_generative(
                         name,
                         files.version,
-                        path.parent,
+                        folder,
                         config,
                         self.generation,
                         self.metrics,
