@@ -9,7 +9,7 @@ puts a :class:`FakeVersion` named ``tiny`` into an app's repository beside its t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from ferry.errors import EngineBusyError, EngineClosedError, ExecutionError, InvalidInputError
@@ -128,13 +128,24 @@ class FakeVersion(GenerativeVersion):
         self.engine: Any = FakeEngine()
         #: The messages the last chat request rendered.
         self.rendered: list[dict[str, Any]] = []
+        #: Requests in flight (``enter`` .. ``exit``), and how many entered in all.
+        self.active = 0
+        self.entered = 0
 
-    def chat_prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+    def enter(self) -> None:
+        self.active += 1
+        self.entered += 1
+
+    def exit(self) -> None:
+        self.active -= 1
+        assert self.active >= 0
+
+    def chat_prompt_ids(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         if messages[0]["role"] == "assistant":
             raise InvalidInputError(
                 "the template refuses a conversation that starts with 'assistant'"
             )
-        self.rendered = messages
+        self.rendered = [dict(m) for m in messages]
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
         return [ord(c) % VOCAB for c in text]
 

@@ -167,7 +167,7 @@ def test_an_aborted_answer_says_abort(served: tuple[TestClient, FakeVersion]) ->
 
 
 def test_chat_stream(served: tuple[TestClient, FakeVersion]) -> None:
-    client, _ = served
+    client, fake = served
     response = client.post("/v1/chat/completions", json={**CHAT, "stream": True})
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
@@ -183,6 +183,7 @@ def test_chat_stream(served: tuple[TestClient, FakeVersion]) -> None:
     assert deltas[-1] == {} and chunks[-1]["choices"][0]["finish_reason"] == "stop"
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
     assert all("usage" not in c for c in chunks)
+    assert fake.entered == 1 and fake.active == 0  # in flight until the stream ended
 
 
 def test_stream_with_usage(served: tuple[TestClient, FakeVersion]) -> None:
@@ -351,6 +352,7 @@ def test_full_queue_closed_engine_and_drain(served: tuple[TestClient, FakeVersio
     assert error["code"] == "rate_limit_exceeded"
     fake.engine.refuse = "closed"
     error_of(client.post("/v1/completions", json={"model": "tiny", "prompt": "a"}), 503)
+    assert fake.entered == 2 and fake.active == 0  # a refused request is not in flight
     fake.engine.refuse = None
     client.app.state.ferry.draining = True  # type: ignore[attr-defined]
     try:
@@ -440,6 +442,7 @@ def test_a_disconnect_cancels_the_sequence(repo: Path, stream: bool) -> None:
 
     sent = asyncio.run(run())
     assert fake.engine.streams[0].cancelled
+    assert fake.entered == 1 and fake.active == 0
     if stream:
         assert "[DONE]" not in body_of(sent)
 
@@ -468,6 +471,7 @@ def test_a_drain_cut_off_still_ends_the_stream(repo: Path) -> None:
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[:-2])
     assert text and ANSWER.startswith(text) and text != ANSWER
     assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+    assert fake.active == 0
 
 
 def test_a_server_shut_down_mid_stream_still_ends_it(repo: Path) -> None:
@@ -683,7 +687,7 @@ def test_real_concurrent_chats_with_the_openai_client(tiny_artifact: Path) -> No
         client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
 
         async def chat(prompt: str) -> str:
-            pieces = []
+            pieces: list[str] = []
             stream = await client.chat.completions.create(
                 model="tiny",
                 messages=[{"role": "user", "content": prompt}],

@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from starlette.routing import Route
     from starlette.types import Receive, Scope, Send
 
-    from ferry.generate import GenerationStream
+    from ferry.generate import GenerationRequest, GenerationStream
     from ferry.serving._generative import GenerativeVersion
 
 __all__ = [
@@ -79,6 +79,7 @@ __all__ = [
     "openai_routes",
     "retry_after",
     "sse",
+    "submit",
 ]
 
 logger = logging.getLogger(__name__)
@@ -136,6 +137,22 @@ def generative_version(
     if not isinstance(found, GenerativeVersion):
         raise HTTPError(400, f"model {name!r} is a tensor model, not a generative one: {elsewhere}")
     return found
+
+
+def submit(version: GenerativeVersion, request: GenerationRequest) -> GenerationStream:
+    """Submit a request to the version's engine, counted in flight (``version.enter()``) until
+    the caller's ``version.exit()``: a version retiring (an unload, a reload) waits for it.
+
+    Raises:
+        EngineBusyError, EngineClosedError, InvalidInputError: the engine's refusals (nothing
+            is then in flight).
+    """
+    version.enter()
+    try:
+        return version.engine.submit(request)
+    except BaseException:
+        version.exit()
+        raise
 
 
 def retry_after(error: EngineBusyError) -> dict[str, str]:
@@ -247,7 +264,8 @@ async def _stop(stream: GenerationStream, *tasks: asyncio.Future[Any]) -> None:
 
 
 class EventStream:
-    """A ``text/event-stream`` answer written by ``produce(write, receive)``, as an ASGI app.
+    """A ``text/event-stream`` answer written by ``produce(write, receive)``, as an ASGI app;
+    ``done()`` is called once it ended, however it ended.
 
     Starlette's ``StreamingResponse`` is not used: on a disconnect it cancels the writer in an
     anyio scope that cancels every later await too, and the writer must still end its stream
@@ -259,8 +277,10 @@ class EventStream:
     def __init__(
         self,
         produce: Callable[[Callable[[bytes], Awaitable[None]], Receive], Awaitable[None]],
+        done: Callable[[], None] | None = None,
     ) -> None:
         self._produce = produce
+        self._done = done
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = [
@@ -268,13 +288,17 @@ class EventStream:
             (b"cache-control", b"no-cache"),
             (b"x-accel-buffering", b"no"),  # proxies (nginx) must not hold events back
         ]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
 
         async def write(data: bytes) -> None:
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
-        await self._produce(write, receive)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await self._produce(write, receive)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            if self._done is not None:
+                self._done()
 
 
 def openai_error(error: BaseException) -> Response:
@@ -383,18 +407,20 @@ async def _generate(request: Request, *, chat: bool) -> Response | EventStream:
         body = await _small_json_body(request, state)
         params, prompt_ids, version = _prepare(state, body, chat)
         where = "messages" if chat else "prompt"
-        stream = version.engine.submit(
-            generation_request(params, prompt_ids, version.engine.context_length, where)
+        stream = submit(
+            version, generation_request(params, prompt_ids, version.engine.context_length, where)
         )
     except Exception as e:
         return openai_error(e)
     shape = ReplyShape.new(chat, version.name)
     if params.stream:
-        return _events(state, stream, shape, params)
+        return _events(state, stream, shape, params, version.exit)
     try:
         finish = await follow(state, stream, request.receive)
     except Exception as e:
         return openai_error(e)
+    finally:
+        version.exit()
     if finish is None:  # the client went away: nobody reads this
         return JSONResponse({}, status_code=499)
     return JSONResponse(
@@ -424,7 +450,11 @@ def _prepare(
 
 
 def _events(
-    state: ServingState, stream: GenerationStream, shape: ReplyShape, params: GenerateParams
+    state: ServingState,
+    stream: GenerationStream,
+    shape: ReplyShape,
+    params: GenerateParams,
+    done: Callable[[], None],
 ) -> EventStream:
     usage = params.include_usage
 
@@ -448,4 +478,4 @@ def _events(
             await write(sse(shape.usage_chunk(finish.prompt_tokens, finish.completion_tokens)))
         await write(b"data: [DONE]\n\n")
 
-    return EventStream(produce)
+    return EventStream(produce, done)

@@ -25,7 +25,15 @@ from typing import TYPE_CHECKING, Any
 from ferry.errors import EngineBusyError, EngineClosedError
 from ferry.serving._app import _error, _small_json_body, _state
 from ferry.serving._http import HTTPError
-from ferry.serving._openai import EventStream, admit, follow, generative_version, retry_after, sse
+from ferry.serving._openai import (
+    EventStream,
+    admit,
+    follow,
+    generative_version,
+    retry_after,
+    sse,
+    submit,
+)
 from ferry.serving._openai_requests import generation_request, triton_request
 
 if TYPE_CHECKING:
@@ -73,11 +81,9 @@ async def _serve(request: Request, *, stream: bool) -> Response | EventStream:
             f"send its tensors to /v2/models/{name}/infer",
             request.path_params.get("version"),
         )
-        engine = version.engine
-        submitted = engine.submit(
-            generation_request(
-                params, version.text_prompt_ids(text), engine.context_length, "text_input"
-            )
+        ids = version.text_prompt_ids(text)
+        submitted = submit(
+            version, generation_request(params, ids, version.engine.context_length, "text_input")
         )
     except Exception as e:
         return _triton_error(e)
@@ -102,11 +108,13 @@ async def _serve(request: Request, *, stream: bool) -> Response | EventStream:
                 last = {**head, "text_output": prefix if first else ""}
                 await write(sse({**last, "finish_reason": finish.finish_reason}))
 
-        return EventStream(produce)
+        return EventStream(produce, version.exit)
     try:
         finish = await follow(state, submitted, request.receive)
     except Exception as e:
         return _triton_error(e)
+    finally:
+        version.exit()
     if finish is None:  # the client went away: nobody reads this
         return JSONResponse({}, status_code=499)
     return JSONResponse(
