@@ -104,6 +104,36 @@ def _autoscale(
     metavar="SECONDS",
     help="How long to wait for the models to serve.",
 )
+@click.option(
+    "--max-num-seqs",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Generative models: sequences each replica decodes at once (continuous batching's "
+    "batch); a replica takes this many requests and as many again waiting, Ray Serve queues "
+    "the rest.",
+)
+@click.option(
+    "--max-model-len",
+    type=click.IntRange(min=2),
+    default=None,
+    help="Generative models: a sequence's prompt + new tokens at most [default: the model's "
+    "context].",
+)
+@click.option(
+    "--kv-cache-mib",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Generative models: each replica's KV cache budget in MiB [default: --max-num-seqs "
+    "sequences of --max-model-len].",
+)
+@click.option(
+    "--max-queue",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    help="Generative models: requests waiting in a replica beyond this are answered 429.",
+)
 @click.option("--down", is_flag=True, help="Remove ferry's applications from the cluster.")
 @click.option("--status", "show_status", is_flag=True, help="List ferry's applications.")
 @click.pass_context
@@ -122,6 +152,10 @@ def ray_command(
     http_host: str,
     http_port: int,
     timeout: float,
+    max_num_seqs: int,
+    max_model_len: int | None,
+    kv_cache_mib: float | None,
+    max_queue: int,
     down: bool,
     show_status: bool,
 ) -> None:
@@ -133,12 +167,17 @@ def ray_command(
     proxy, as to `ferry serve`: Triton's client and perf_analyzer work unchanged. Model files
     must be readable on every node that runs a replica.
 
+    A generative model (a decoder folder from `ferry convert`) batches continuously inside each
+    replica and also speaks the OpenAI API: its base URL is
+    http://HOST:PORT/v2/models/<model>/v1 (chat/completions, completions, models, streaming).
+
     \b
     Examples:
       ferry deploy ray models/ --replicas 2
       ferry deploy ray models/ --replicas 4          # rescale in place
       ferry deploy ray model.onnx --autoscale 1,8 --threads 2
       ferry deploy ray models/ --address 10.0.0.5:6379 --http-host 0.0.0.0 --api-key "$KEY"
+      ferry deploy ray smollm2/ --replicas 2 --max-num-seqs 16 --max-model-len 2048
       ferry deploy ray --status
       ferry deploy ray --down
     """
@@ -187,10 +226,16 @@ def ray_command(
         precision=precision,
         optimize=None if optimize == "none" else optimize,
         api_key=api_key,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        kv_cache_mib=kv_cache_mib,
+        max_queue=max_queue,
     )
     url = ferry_ray.proxy_url(http_host, http_port)
     console.print(f"serving on [bold]{escape(url)}[/] (KServe v2 through Ray Serve's proxy)")
     _print(models)
+    for name in ferry_ray.generative_models(source):
+        console.print(f"OpenAI API of {escape(name)}: {escape(ferry_ray.openai_url(url, name))}")
 
 
 def _print(models: list[DeployedModel]) -> None:

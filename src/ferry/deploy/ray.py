@@ -18,6 +18,15 @@ readiness (every ferry application RUNNING) and repository index. Ray Serve's pr
 longest prefix, so clients see one KServe v2 server: Triton's ``tritonclient`` and
 ``perf_analyzer`` drive it unchanged.
 
+A generative model (a decoder folder ``ferry convert`` writes from a GGUF) is served the same way,
+continuous batching inside each replica (:class:`ferry.generate.BatchEngine`), and its replicas also
+answer the OpenAI API under the model's own route: the OpenAI base URL of model ``NAME`` is
+``http://HOST:PORT/v2/models/NAME/v1`` (``/v1/chat/completions``, ``/v1/completions``,
+``/v1/models``, streaming too), and Triton's generate extension answers at
+``/v2/models/NAME/generate`` and ``/generate_stream``. Ray Serve's proxy routes by prefix only, so
+a bare ``/v1`` cannot reach a model's application; routing it to a second application would load
+the model in a second set of replicas (twice the memory), which ferry does not do.
+
 Engines compile once per node: replicas on a node share the engine cache
 (``${FERRY_CACHE_DIR:-~/.cache/ferry}``), whose per-key lock makes the second replica wait for the
 first's engine and load it (:mod:`ferry.runtime._cache`). Model paths must be readable on every
@@ -44,6 +53,7 @@ from ferry.backends._base import native_stderr_to_log
 from ferry.errors import BackendUnavailableError, FerryError, InvalidInputError, ModelLoadError
 from ferry.serving._batcher import BatchOutcome, ExecutionRecord, QueuedRequest, execute_batch
 from ferry.serving._config import check_precision
+from ferry.serving._generative import GenerationSettings
 from ferry.serving._repository import NO_MODELS_HINT, check_model_name, source_models
 
 if TYPE_CHECKING:
@@ -60,6 +70,8 @@ __all__ = [
     "connect",
     "deploy",
     "deployed",
+    "generative_models",
+    "openai_url",
     "proxy_url",
     "serve_module",
     "undeploy",
@@ -74,6 +86,8 @@ _INSTALL = "pip install 'ferry[ray]'"
 # A model that fails to load fails the same way again: retrying its replica twice is enough to
 # tell a flaky node from a broken model, and Ray's default (20) keeps a broken deploy waiting.
 _CONSTRUCTOR_RETRIES = 2
+# Requests a replica of a tensor model takes at once (Ray Serve queues the rest).
+_MAX_ONGOING = 32
 
 
 def serve_module() -> Any:
@@ -198,7 +212,8 @@ class FerryModel:
         # Loaded and warmed up before the replica counts as started (Ray Serve routes to it
         # then); a model that fails raises here, and Ray Serve reports ferry's reason.
         await self._app.state.ferry.start(wait=True)
-        return _from_root(self._app)
+        name = self._model or source_models(Path(self._source))[1][0]
+        return _from_root(self._app, f"/v2/models/{name}")
 
     async def check_health(self) -> None:
         """Ray Serve's health check: a replica whose models stopped serving is replaced."""
@@ -210,14 +225,21 @@ class FerryModel:
             raise ModelLoadError("; ".join(reasons))
 
 
-def _from_root(app: Callable[..., Any]) -> Callable[..., Any]:
+def _from_root(app: Callable[..., Any], prefix: str) -> Callable[..., Any]:
     """``app`` routed on the whole path: Ray Serve sets ``root_path`` to the application's
-    route prefix (``/v2/models/<model>``), which Starlette would strip before matching ferry's
-    full KServe v2 routes."""
+    route prefix (``prefix``, ``/v2/models/<model>``), which Starlette would strip before
+    matching ferry's full KServe v2 routes. The OpenAI API under the prefix
+    (``<prefix>/v1/...``, the model's OpenAI base URL) goes to ferry's ``/v1/...`` routes."""
+    openai = f"{prefix}/v1"
 
     async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):
             scope = {**scope, "root_path": ""}
+            path = scope["path"]
+            if path == openai or path.startswith(f"{openai}/"):
+                path = path[len(prefix) :]
+                scope["path"] = path
+                scope["raw_path"] = path.encode()
         await app(scope, receive, send)
 
     return asgi
@@ -329,6 +351,54 @@ def _models_of(source: Path) -> list[tuple[str, str | None]]:
     return [(name, name) for name in names]
 
 
+def _version_folders(source: Path, load: str | None) -> list[Path]:
+    """The folders that may hold the model's artifact: the source itself (a file's folder), or
+    the model's numbered version folders in a repository and the artifact folders in them."""
+    if load is None:
+        return [source if source.is_dir() else source.parent]
+    versions = [v for v in sorted((source / load).iterdir()) if v.is_dir() and v.name.isdigit()]
+    return [*versions, *(a for v in versions for a in sorted(v.iterdir()) if a.is_dir())]
+
+
+def _generative_contexts(source: Path) -> list[tuple[str, int | None]]:
+    """``(model, context length or None)`` for each generative model of ``source``."""
+    import json
+
+    from ferry.generate import is_generative_artifact
+
+    out = []
+    for name, load in _models_of(source):
+        for folder in _version_folders(source, load):
+            if is_generative_artifact(folder):
+                try:
+                    manifest = json.loads((folder / "ferry.json").read_text(encoding="utf-8"))
+                    context = manifest["generative"].get("context_length")
+                except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                    context = None
+                out.append((name, context if isinstance(context, int) else None))
+                break
+    return out
+
+
+def generative_models(source: str | os.PathLike[str]) -> list[str]:
+    """The generative models of ``source`` (those whose replicas answer the OpenAI API)."""
+    return [name for name, _ in _generative_contexts(Path(source).expanduser().resolve())]
+
+
+def openai_url(base: str, model: str) -> str:
+    """The OpenAI base URL of generative ``model`` behind Ray Serve's proxy at ``base``."""
+    return f"{base.rstrip('/')}/v2/models/{model}/v1"
+
+
+def _check_model_len(name: str, max_model_len: int | None, context: int | None) -> None:
+    # Refused here, before anything deploys, rather than by each replica failing to load.
+    if max_model_len is not None and context is not None and max_model_len > context:
+        raise InvalidInputError(
+            f"max_model_len={max_model_len} is over model {name!r}'s context ({context} "
+            f"tokens): give --max-model-len {context} or less"
+        )
+
+
 def _check_scaling(
     replicas: int | None, autoscale: tuple[int, int] | None
 ) -> tuple[int | None, tuple[int, int] | None]:
@@ -359,7 +429,11 @@ def applications(
     precision: str | None = None,
     optimize: str | None = None,
     api_key: str | None = None,
-    max_ongoing_requests: int = 32,
+    max_ongoing_requests: int | None = None,
+    max_num_seqs: int = 16,
+    max_model_len: int | None = None,
+    kv_cache_mib: float | None = None,
+    max_queue: int = 256,
 ) -> list[tuple[str, str, Any]]:
     """The Ray Serve applications serving ``source``: ``(name, route prefix, application)`` per
     model, then the front. Nothing runs: pass them to ``serve.run`` (or :func:`deploy`).
@@ -374,10 +448,19 @@ def applications(
             config.json names none.
         api_key: when set, inference and the repository index need ``Authorization: Bearer KEY``.
         max_ongoing_requests: requests a replica takes at once (Ray Serve queues the rest).
+            None: 32, and for a generative model ``max_num_seqs`` plus as many again (at most
+            ``max_queue``): a full batch and the next one waiting in the replica's engine, so
+            that a finished sequence's slot is refilled at once; the rest wait in Ray Serve,
+            where whichever replica frees first takes them.
+        max_num_seqs, max_model_len, kv_cache_mib, max_queue: how each replica serves a
+            generative model (``ferry serve``'s options of these names: sequences decoded at
+            once, a sequence's prompt + new tokens at most, the KV cache budget in MiB, requests
+            waiting in the replica before it answers 429).
 
     Raises:
         ModelLoadError: ``source`` is not a model, artifact or repository.
-        InvalidInputError: bad scaling, threads, CPUs, precision or key.
+        InvalidInputError: bad scaling, threads, CPUs, precision, key or generation settings
+            (a max_model_len over a generative model's context too).
     """
     serve = serve_module()
     replicas, autoscale = _check_scaling(replicas, autoscale)
@@ -386,7 +469,15 @@ def applications(
     cpus = float(threads if replica_cpus is None else replica_cpus)
     if not cpus >= 0:
         raise InvalidInputError(f"replica CPUs must be 0 or more, got {replica_cpus!r}")
-    if type(max_ongoing_requests) is not int or max_ongoing_requests < 1:
+    generation = GenerationSettings(
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        kv_cache_mib=kv_cache_mib,
+        max_queue=max_queue,
+    )
+    if max_ongoing_requests is not None and (
+        type(max_ongoing_requests) is not int or max_ongoing_requests < 1
+    ):
         raise InvalidInputError(
             f"max_ongoing_requests must be a positive integer, got {max_ongoing_requests!r}"
         )
@@ -410,6 +501,7 @@ def applications(
         "optimize": optimize,
         "api_key": api_key,
         "threads": threads,
+        "generation": generation,
     }
     scaling: dict[str, Any] = (
         {"num_replicas": replicas}
@@ -426,12 +518,25 @@ def applications(
     )
     model_class = serve.deployment(serve.ingress()(FerryModel))
     out = []
+    generative = dict(_generative_contexts(path))
     for name, load in _models_of(path):
         check_model_name(name)
+        ongoing = max_ongoing_requests
+        if name in generative:
+            _check_model_len(name, max_model_len, generative[name])
+            if ongoing is None:
+                ongoing = max_num_seqs + min(max_num_seqs, max_queue)
+            elif ongoing < max_num_seqs:
+                logger.warning(
+                    "max_ongoing_requests=%d is below max_num_seqs=%d: %s's batch never fills",
+                    ongoing,
+                    max_num_seqs,
+                    name,
+                )
         deployment = model_class.options(
             name="FerryModel",
             ray_actor_options={"num_cpus": cpus},
-            max_ongoing_requests=max_ongoing_requests,
+            max_ongoing_requests=ongoing or _MAX_ONGOING,
             max_constructor_retry_count=_CONSTRUCTOR_RETRIES,
             health_check_period_s=10.0,
             **scaling,
