@@ -121,11 +121,22 @@ def command(
                 "--precision and --nhwc-io apply to --target tflite; a web export keeps the "
                 "model's own types and layout (quantize it first for int8)"
             )
-        from ferry.web import export_web
+        from ferry.generate._loop import is_generative_artifact
+        from ferry.web import export_chat, export_web
 
-        result = export_web(
-            model, output, force=force, verify=verify, samples=inputs or None, shapes=sizes or None
-        )
+        if is_generative_artifact(model):  # a decoder: a chat page (ferry.web._chat)
+            if inputs or sizes:
+                raise InvalidInputError("--input and --shape apply to plain models, not a decoder")
+            result = export_chat(model, output, force=force, verify=verify)
+        else:
+            result = export_web(
+                model,
+                output,
+                force=force,
+                verify=verify,
+                samples=inputs or None,
+                shapes=sizes or None,
+            )
     elif target == "ort-mobile":
         if precision is not None or nhwc_io:
             raise InvalidInputError(
