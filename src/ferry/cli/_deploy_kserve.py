@@ -133,6 +133,35 @@ class _OneLineUsage(click.Command):
     "it as FERRY_API_KEY and asks for 'Authorization: Bearer KEY' on inference.",
 )
 @click.option(
+    "--max-num-seqs",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Generative models: sequences a pod decodes at once (continuous batching's batch); "
+    "KServe scales on requests in flight with this target.",
+)
+@click.option(
+    "--max-model-len",
+    type=click.IntRange(min=2),
+    default=None,
+    help="Generative models: a sequence's prompt + new tokens at most [default: the model's "
+    "context].",
+)
+@click.option(
+    "--kv-cache-mib",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Generative models: the KV cache budget in MiB [default: --max-num-seqs sequences of "
+    "--max-model-len]; the default --memory counts it.",
+)
+@click.option(
+    "--max-queue",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    help="Generative models: requests waiting beyond this are answered 429.",
+)
+@click.option(
     "--wheel",
     "wheel_file",
     default=None,
@@ -166,6 +195,10 @@ def kserve_command(
     precision: str | None,
     optimize: str,
     api_key_secret: str | None,
+    max_num_seqs: int,
+    max_model_len: int | None,
+    kv_cache_mib: float | None,
+    max_queue: int,
     wheel_file: Path | None,
     no_wheel: bool,
     force: bool,
@@ -180,6 +213,10 @@ def kserve_command(
     unless --storage-uri), and README.txt: build, push, apply. MODEL is only read; OUTPUT is
     written atomically.
 
+    A generative artifact (a decoder folder from `ferry convert`) is served with the generation
+    flags below: the pod also answers the OpenAI API at /v1, KServe scales it on requests in
+    flight, and its default memory counts the KV cache.
+
     \b
     Examples:
       ferry deploy kserve model.onnx -o manifests/
@@ -189,6 +226,7 @@ def kserve_command(
       ferry deploy kserve model.onnx -o manifests/ --backends openvino --precision bf16
       ferry deploy kserve model.onnx -o manifests/ --api-key-secret mlp-key
       ferry deploy kserve model.onnx -o manifests/ --backends tensorrt,onnxruntime --gpu 1
+      ferry deploy kserve smollm2/ -o manifests/ --max-num-seqs 8 --max-model-len 2048 --cpu 4
     """
     from ferry.deploy import kserve_manifests
 
@@ -212,6 +250,10 @@ def kserve_command(
         api_key_secret=api_key_secret,
         force=force,
         wheel=wheel_file if wheel_file is not None else not no_wheel,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        kv_cache_mib=kv_cache_mib,
+        max_queue=max_queue,
     )
     for line in deployment.lines():
         console.print(escape(line))

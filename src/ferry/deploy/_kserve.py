@@ -53,6 +53,7 @@ from typing import Any
 
 from ferry._folders import publish_dir, staging_dir
 from ferry._version import __version__
+from ferry.deploy._generative import check_model_len, context_length
 from ferry.deploy._kserve_image import (
     build_wheel,
     check_wheel_file,
@@ -93,6 +94,7 @@ from ferry.deploy._kserve_options import (
     replica_bounds,
 )
 from ferry.deploy._kserve_source import copy_model, default_name, read_source
+from ferry.serving._generative import GenerationSettings
 
 __all__ = [
     "CONTAINER_PORT",
@@ -126,6 +128,7 @@ class KServeDeployment:
         wheel: the ferry wheel in ``out_dir`` (None when it was not built: see the README).
         manifest: the InferenceService as a dict (what ``inferenceservice.yaml`` holds).
         files: the files written, relative to ``out_dir``.
+        generative_models: the served models that generate (the OpenAI API at ``/v1``).
     """
 
     out_dir: Path
@@ -139,6 +142,7 @@ class KServeDeployment:
     wheel: Path | None
     manifest: dict[str, Any]
     files: tuple[str, ...]
+    generative_models: tuple[str, ...] = ()
 
     @property
     def manifest_path(self) -> Path:
@@ -169,6 +173,13 @@ class KServeDeployment:
             f"{MANIFEST_FILE}, {DOCKERFILE}, {README_FILE} ({len(self.files)} files)",
             f"predictor: {' '.join(self.command)}",
             f"model {self.model_path} ({where}), served as {', '.join(self.served_models)}",
+            *(
+                [
+                    f"OpenAI API at $URL/v1 for {', '.join(self.generative_models)} (see {README_FILE})"
+                ]
+                if self.generative_models
+                else []
+            ),
             f"image {self.image}",
             "next: " + " && ".join(steps) + f" (see {README_FILE})",
         ]
@@ -193,6 +204,10 @@ def kserve_manifests(
     api_key_secret: str | None = None,
     force: bool = False,
     wheel: bool | str | os.PathLike[str] = True,
+    max_num_seqs: int = 16,
+    max_model_len: int | None = None,
+    kv_cache_mib: float | None = None,
+    max_queue: int = 256,
 ) -> KServeDeployment:
     """Write a KServe InferenceService running ``ferry serve`` on ``source`` (see the module doc).
 
@@ -228,6 +243,12 @@ def kserve_manifests(
         wheel: True: build ferry's wheel from this checkout into ``wheels/`` (``pip wheel
             --no-deps``, about a second); a path: copy that ferry wheel; False: write no wheel
             (the README says the one command that makes it before ``docker build``).
+        max_num_seqs, max_model_len, kv_cache_mib, max_queue: for a generative artifact (a
+            decoder folder ``ferry convert`` writes), ``ferry serve``'s options of these names,
+            put on the predictor's command. Its pod then also answers the OpenAI API at
+            ``/v1`` (and Triton's generate extension), KServe scales it on requests in flight
+            (target ``max_num_seqs``), a request may stream for 15 minutes, and the default
+            memory is the weights twice plus the KV cache budget plus 1 GiB.
 
     Returns:
         What was written (:class:`KServeDeployment`).
@@ -247,8 +268,19 @@ def kserve_manifests(
     if storage_uri is not None:
         storage_uri = check_storage_uri(storage_uri)
     min_replicas, max_replicas = replica_bounds(replicas, autoscale)
-    resources = container_resources(cpu, memory if memory is not None else default_memory(src), gpu)
+    generation = GenerationSettings(
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        kv_cache_mib=kv_cache_mib,
+        max_queue=max_queue,
+    )
+    for model, section in src.generative.items():
+        check_model_len(model, max_model_len, context_length(section))
+    default = default_memory(src, generation)
+    resources = container_resources(cpu, memory if memory is not None else default, gpu)
     backend_names, extras = backends_and_extras(backends, gpu)
+    if src.generative:
+        extras.append("generate")  # the tokenizer and the chat template's renderer
     if precision is not None:
         from ferry.serving._config import check_precision
 
@@ -262,7 +294,7 @@ def kserve_manifests(
         image = check_image(image)
     wheel_file = check_wheel_file(Path(wheel)) if not isinstance(wheel, bool) else None
 
-    command = predictor_command(src, backend_names, precision, optimize)
+    command = predictor_command(src, backend_names, precision, optimize, generation)
     staging = staging_dir(out)
     try:
         files: list[str] = []
@@ -291,6 +323,7 @@ def kserve_manifests(
             max_replicas=max_replicas,
             resources=resources,
             secret=secret,
+            max_num_seqs=max_num_seqs if src.generative else None,
         )
         (staging / MANIFEST_FILE).write_text(manifest_yaml(manifest), encoding="utf-8")
         readme = readme_text(
@@ -314,6 +347,7 @@ def kserve_manifests(
             "source_kind": src.kind,
             "model_path": src.container_path,
             "served_models": list(src.served),
+            "generative_models": list(src.generative),
             "storage_uri": storage_uri,
             "command": command,
             "files": [*files, MARKER_FILE],
@@ -335,4 +369,5 @@ def kserve_manifests(
         wheel=out / WHEEL_DIR / built.name if built is not None else None,
         manifest=manifest,
         files=tuple([*files, MARKER_FILE]),
+        generative_models=tuple(src.generative),
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 from ferry.errors import InvalidInputError
 
@@ -71,6 +72,8 @@ class ModelSource:
     files: tuple[Path, ...]  # relative to `root`
     root: Path  # what `files` are relative to
     served: tuple[str, ...]
+    #: The generative models among ``served``: their manifests' ``generative`` sections.
+    generative: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
     @property
     def container_path(self) -> str:

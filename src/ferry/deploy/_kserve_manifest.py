@@ -24,7 +24,11 @@ from ferry.deploy._kserve_layout import (
     ModelSource,
 )
 
-__all__ = ["inference_service", "manifest_yaml", "readme_text"]
+__all__ = ["GENERATION_TIMEOUT_S", "inference_service", "manifest_yaml", "readme_text"]
+
+#: Seconds a request to a generative model may take (a streamed answer included): the
+#: predictor's ``timeout`` (Knative's default is 300).
+GENERATION_TIMEOUT_S = 900
 
 
 def inference_service(
@@ -38,8 +42,14 @@ def inference_service(
     max_replicas: int,
     resources: dict[str, dict[str, str]],
     secret: tuple[str, str] | None,
+    max_num_seqs: int | None = None,
 ) -> dict[str, Any]:
-    """The InferenceService (serving.kserve.io/v1beta1) whose predictor container runs ``command``."""
+    """The InferenceService (serving.kserve.io/v1beta1) whose predictor container runs ``command``.
+
+    ``max_num_seqs``: the predictor serves a generative model that decodes this many sequences
+    at once: KServe scales on concurrent requests with that target (a pod's batch full: one
+    more replica), and a request may stream for up to :data:`GENERATION_TIMEOUT_S`.
+    """
     env: list[dict[str, Any]] = [{"name": "PROTOCOL", "value": "v2"}]
     if storage_uri is not None:
         env.append({"name": "STORAGE_URI", "value": storage_uri})
@@ -82,17 +92,20 @@ def inference_service(
     metadata: dict[str, Any] = {"name": name}
     if namespace is not None:
         metadata["namespace"] = namespace
+    predictor: dict[str, Any] = {"minReplicas": min_replicas, "maxReplicas": max_replicas}
+    if max_num_seqs is not None:
+        # Continuous batching serves max_num_seqs requests at once in a pod: scale on requests in
+        # flight, not on CPU (a decoding pod is busy whether it holds 1 sequence or 16).
+        predictor["scaleMetric"] = "concurrency"
+        predictor["scaleTarget"] = max_num_seqs
+        # Knative ends a request after 5 minutes by default; a long stream may need more.
+        predictor["timeout"] = GENERATION_TIMEOUT_S
+    predictor["containers"] = [container]
     return {
         "apiVersion": KSERVE_API_VERSION,
         "kind": "InferenceService",
         "metadata": metadata,
-        "spec": {
-            "predictor": {
-                "minReplicas": min_replicas,
-                "maxReplicas": max_replicas,
-                "containers": [container],
-            }
-        },
+        "spec": {"predictor": predictor},
     }
 
 
@@ -200,9 +213,16 @@ def readme_text(
         f"  URL=$(kubectl get inferenceservice {name}{ns} -o jsonpath='{{.status.url}}')",
         f"  curl $URL{READINESS_PATH}",
         f"  curl $URL/v2/models/{model}                 # its inputs and outputs",
-        f"  curl -X POST $URL/v2/models/{model}/infer -d '{{\"inputs\": [...]}}'"
-        + (' -H "Authorization: Bearer $FERRY_API_KEY"' if secret is not None else ""),
+        *(
+            []
+            if model in src.generative  # /infer refuses a generative model: the OpenAI API below
+            else [
+                f"  curl -X POST $URL/v2/models/{model}/infer -d '{{\"inputs\": [...]}}'"
+                + (' -H "Authorization: Bearer $FERRY_API_KEY"' if secret is not None else "")
+            ]
+        ),
         "",
+        *_openai_lines(src, secret),
         "Notes",
         f"- Probes: readiness {READINESS_PATH} (400 until the model is loaded and warmed up),",
         f"  liveness {LIVENESS_PATH} (200 once the server listens, also while a model loads).",
@@ -210,6 +230,41 @@ def readme_text(
         "  affinity), not from the CPU limit: give whole CPUs with requests = limits (Guaranteed",
         "  QoS), which the kubelet's static CPU manager pins.",
         f"- On SIGTERM ferry serve drains requests in flight for up to {DRAIN_TIMEOUT_S} s.",
+        *_generative_notes(src),
         "",
     ]
     return "\n".join(lines)
+
+
+def _openai_lines(src: ModelSource, secret: tuple[str, str] | None) -> list[str]:
+    """How to query the generative models: the OpenAI API and Triton's generate extension."""
+    if not src.generative:
+        return []
+    model = next(iter(src.generative))
+    auth = ' -H "Authorization: Bearer $FERRY_API_KEY"' if secret is not None else ""
+    chat = f'{{"model": "{model}", "messages": [{{"role": "user", "content": "Hi"}}]}}'
+    return [
+        f"Generative model{'s' if len(src.generative) > 1 else ''} "
+        f"{', '.join(src.generative)}: the OpenAI API at $URL/v1 (KServe's Hugging Face",
+        "runtime answers at $URL/openai/v1: give OpenAI clients base_url=$URL/v1 here):",
+        f"  curl $URL/v1/models{auth}",
+        f"  curl -X POST $URL/v1/chat/completions -H 'Content-Type: application/json'{auth} \\",
+        f"       -d '{chat}'",
+        '  # streaming: add "stream": true; completions: $URL/v1/completions',
+        f"  curl -X POST $URL/v2/models/{model}/generate{auth} "
+        """-d '{"text_input": "Hi", "parameters": {"max_tokens": 32}}'""",
+        "",
+    ]
+
+
+def _generative_notes(src: ModelSource) -> list[str]:
+    if not src.generative:
+        return []
+    return [
+        "- Generative models batch continuously inside the pod (--max-num-seqs sequences at",
+        "  once; beyond --max-queue waiting, 429 with Retry-After). KServe scales on requests in",
+        "  flight (scaleMetric concurrency, scaleTarget max-num-seqs), and a request may stream",
+        f"  for up to {GENERATION_TIMEOUT_S} s (the predictor's timeout). Memory: the weights",
+        "  twice plus the KV cache budget (--kv-cache-mib, else max-num-seqs rows of",
+        "  max-model-len tokens), and 1 GiB.",
+    ]

@@ -10,7 +10,9 @@ import logging
 import math
 import re
 from collections.abc import Sequence
+from typing import Any
 
+from ferry.deploy._generative import context_length, kv_bytes_per_token
 from ferry.deploy._kserve_layout import (
     CONTAINER_PORT,
     DEFAULT_SECRET_KEY,
@@ -18,6 +20,7 @@ from ferry.deploy._kserve_layout import (
     ModelSource,
 )
 from ferry.errors import InvalidInputError
+from ferry.serving._generative import GenerationSettings
 
 __all__ = [
     "backends_and_extras",
@@ -27,6 +30,7 @@ __all__ = [
     "check_storage_uri",
     "container_resources",
     "default_memory",
+    "kv_cache_mib",
     "parse_secret",
     "predictor_command",
     "replica_bounds",
@@ -188,10 +192,31 @@ def container_resources(cpu: str, memory: str, gpu: int) -> dict[str, dict[str, 
     return {"requests": {"cpu": cpu_req, "memory": mem_req}, "limits": limits}
 
 
-def default_memory(src: ModelSource) -> str:
-    """1 GiB plus three times the model's size (the model, its engine, a second instance)."""
-    mib = 1024 + 3 * src.size() / 2**20
+def default_memory(src: ModelSource, generation: GenerationSettings | None = None) -> str:
+    """1 GiB plus three times the model's size (the model, its engine, a second instance); for
+    a generative model, twice its size (the weights read, the engine's copy: one decoder per
+    model) plus its KV cache budget (:func:`kv_cache_mib`)."""
+    size = src.size() / 2**20
+    if src.generative:
+        kv = sum(kv_cache_mib(section, generation) for section in src.generative.values())
+        mib = 1024 + (2 if len(src.generative) == len(src.served) else 3) * size + kv
+    else:
+        mib = 1024 + 3 * size
     return f"{math.ceil(mib / 256) * 256}Mi"
+
+
+def kv_cache_mib(section: dict[str, Any], generation: GenerationSettings | None) -> float:
+    """The MiB a generative model's KV cache takes at most: ``kv_cache_mib`` when given, else
+    ``max_num_seqs`` rows of ``max_model_len`` tokens (the model's context when not given), as
+    :class:`ferry.generate.BatchEngine` reserves them. 0 when the manifest lacks the sizes."""
+    settings = generation or GenerationSettings()
+    if settings.kv_cache_mib is not None:
+        return float(settings.kv_cache_mib)
+    per_token = kv_bytes_per_token(section)
+    tokens = settings.max_model_len or context_length(section)
+    if per_token is None or tokens is None:
+        return 0.0
+    return settings.max_num_seqs * tokens * per_token / 2**20
 
 
 def backends_and_extras(
@@ -243,9 +268,14 @@ def parse_secret(text: str) -> tuple[str, str]:
 
 
 def predictor_command(
-    src: ModelSource, backends: list[str], precision: str | None, optimize: str | None
+    src: ModelSource,
+    backends: list[str],
+    precision: str | None,
+    optimize: str | None,
+    generation: GenerationSettings | None = None,
 ) -> list[str]:
-    """``ferry serve`` on the model in the container, on KServe's port, with these options."""
+    """``ferry serve`` on the model in the container, on KServe's port, with these options
+    (the generation settings when it serves a generative model, each one said)."""
     command = ["ferry", "serve", src.container_path, "--host", "0.0.0.0"]
     command += ["--port", str(CONTAINER_PORT), "--drain-timeout", str(DRAIN_TIMEOUT_S)]
     if backends:
@@ -254,4 +284,12 @@ def predictor_command(
         command += ["--precision", precision]
     if optimize is not None and optimize != "none":
         command += ["--optimize", optimize]
+    if src.generative:
+        settings = generation or GenerationSettings()
+        command += ["--max-num-seqs", str(settings.max_num_seqs)]
+        if settings.max_model_len is not None:
+            command += ["--max-model-len", str(settings.max_model_len)]
+        if settings.kv_cache_mib is not None:
+            command += ["--kv-cache-mib", f"{settings.kv_cache_mib:g}"]
+        command += ["--max-queue", str(settings.max_queue)]
     return command

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ferry.deploy._generative import generative_section
 from ferry.deploy._kserve_layout import ModelSource
 from ferry.errors import ModelLoadError
 
@@ -37,26 +38,33 @@ def read_source(path: Path) -> ModelSource:
             files = (Path(path.name), *_external_data(path))
             return ModelSource(path, "file", files, path.parent, (model_name_for(path),))
         _load_checked(path)
-        return ModelSource(path, "artifact", _tree(path), path, (model_name_for(path),))
+        name = model_name_for(path)
+        section = generative_section(path)
+        generative = {name: section} if section is not None else {}
+        return ModelSource(path, "artifact", _tree(path), path, (name,), generative)
     if not path.is_dir():
         raise ModelLoadError(f"{path} is neither a file nor a folder")
     served = []
+    generative = {}
     for model in list_models(path):
         versions = [v for v in (path / model).iterdir() if v.is_dir() and v.name.isdigit()]
         for version in versions:
             try:
-                find_model_file(version)
+                found = find_model_file(version)
             except ModelLoadError as e:
                 logger.warning("%s", e)
                 continue
             served.append(model)
+            section = generative_section(found if found.is_dir() else found.parent)
+            if section is not None:
+                generative[model] = section
             break
     if not served:
         raise ModelLoadError(
             f"no models in {path}: a repository holds <model>/<version>/model.onnx (e.g. "
             "REPO/mlp/1/model.onnx); or pass a model file or an artifact folder"
         )
-    return ModelSource(path, "repository", _tree(path), path, tuple(served))
+    return ModelSource(path, "repository", _tree(path), path, tuple(served), generative)
 
 
 def _load_checked(path: Path) -> Any:

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ferry.backends._base import native_stderr_to_log
+from ferry.deploy._generative import check_model_len, context_length, generative_section
 from ferry.errors import BackendUnavailableError, FerryError, InvalidInputError, ModelLoadError
 from ferry.serving._batcher import BatchOutcome, ExecutionRecord, QueuedRequest, execute_batch
 from ferry.serving._config import check_precision
@@ -362,20 +363,12 @@ def _version_folders(source: Path, load: str | None) -> list[Path]:
 
 def _generative_contexts(source: Path) -> list[tuple[str, int | None]]:
     """``(model, context length or None)`` for each generative model of ``source``."""
-    import json
-
-    from ferry.generate import is_generative_artifact
-
     out = []
     for name, load in _models_of(source):
         for folder in _version_folders(source, load):
-            if is_generative_artifact(folder):
-                try:
-                    manifest = json.loads((folder / "ferry.json").read_text(encoding="utf-8"))
-                    context = manifest["generative"].get("context_length")
-                except (OSError, ValueError, KeyError, TypeError, AttributeError):
-                    context = None
-                out.append((name, context if isinstance(context, int) else None))
+            section = generative_section(folder)
+            if section is not None:
+                out.append((name, context_length(section)))
                 break
     return out
 
@@ -388,15 +381,6 @@ def generative_models(source: str | os.PathLike[str]) -> list[str]:
 def openai_url(base: str, model: str) -> str:
     """The OpenAI base URL of generative ``model`` behind Ray Serve's proxy at ``base``."""
     return f"{base.rstrip('/')}/v2/models/{model}/v1"
-
-
-def _check_model_len(name: str, max_model_len: int | None, context: int | None) -> None:
-    # Refused here, before anything deploys, rather than by each replica failing to load.
-    if max_model_len is not None and context is not None and max_model_len > context:
-        raise InvalidInputError(
-            f"max_model_len={max_model_len} is over model {name!r}'s context ({context} "
-            f"tokens): give --max-model-len {context} or less"
-        )
 
 
 def _check_scaling(
@@ -523,7 +507,7 @@ def applications(
         check_model_name(name)
         ongoing = max_ongoing_requests
         if name in generative:
-            _check_model_len(name, max_model_len, generative[name])
+            check_model_len(name, max_model_len, generative[name])
             if ongoing is None:
                 ongoing = max_num_seqs + min(max_num_seqs, max_queue)
             elif ongoing < max_num_seqs:
