@@ -238,3 +238,38 @@ def test_a_drain_finishes_admitted_requests_or_aborts_them(ort_folder: Path) -> 
         assert "abort" in asyncio.run(cut())
     finally:
         engine.close()
+
+
+def test_a_lone_row_can_decode_beside_an_idle_one(ort_folder: Path) -> None:
+    """Where one row alone rounds differently from rows in company, the engine finds it out and
+    decodes at least two rows a step; the tokens are those of the batch either way."""
+    decoder = DecoderSession.from_folder(ort_folder)
+    engine = BatchEngine(decoder, max_num_seqs=4)
+    try:
+        assert engine.min_batch in (1, 2)
+        want = together(engine, [GenerationRequest(p, 10) for p in PROMPTS])
+        engine._pool.min_batch = 2  # type: ignore[attr-defined]
+        alone = [asyncio.run(collect(engine, GenerationRequest(p, 10))) for p in PROMPTS]
+        assert [g.ids for g in alone] == [g.ids for g in want]
+    finally:
+        engine.close()
+
+
+def test_min_batch_is_found_by_comparing_one_row_with_two(ort_folder: Path) -> None:
+    decoder = DecoderSession.from_folder(ort_folder)
+    pool = decoder.session.kv_pool(decoder.kv_layout(64), 4)
+    real_run = pool.run
+
+    def one_row_rounds_differently(rows: Any, feeds: Any) -> Any:
+        out = real_run(rows, feeds)
+        if len(rows) == 1 and feeds["input_ids"].shape[1] == 1:
+            out = out + 1e-6
+        return out
+
+    pool.run = one_row_rounds_differently  # type: ignore[method-assign]
+    decoder.session.kv_pool = lambda layout, rows: pool  # type: ignore[method-assign]
+    engine = BatchEngine(decoder, max_num_seqs=4)
+    try:
+        assert engine.min_batch == 2 and pool.min_batch == 2
+    finally:
+        engine.close()

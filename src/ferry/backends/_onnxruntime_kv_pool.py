@@ -48,6 +48,11 @@ class OrtKVPool:
         # slots each row holds: an idle row a step covers gets its new slot after them, where
         # no sequence's data is (a row between two chunks of its prompt keeps its cache)
         self._used = [0] * rows
+        #: The fewest rows a decode step runs: 2 where one row alone would take another kernel
+        #: than rows in company and round differently (onnxruntime's 4-bit MatMulNBits with float
+        #: activations has its own one-row kernel), so a sequence's tokens do not depend on
+        #: whether others run beside it. The caller finds out which (``BatchEngine``).
+        self.min_batch = 1
 
     def run(self, rows: Sequence[int], feeds: Mapping[str, np.ndarray]) -> np.ndarray:
         logits = self._run(rows, feeds)
@@ -64,6 +69,11 @@ class OrtKVPool:
             if used == 0:
                 return self._prefill(rows[0], feeds, new)
         first, last = min(rows), max(rows)
+        if new == 1 and last - first + 1 < self.min_batch:  # an idle neighbour rides along
+            if last + 1 < self.rows:
+                last += self.min_batch - (last - first + 1)
+            else:
+                first = max(0, last - self.min_batch + 1)
         width = last - first + 1
         if len(rows) == width and list(rows) == list(range(first, last + 1)):
             batch = dict(feeds)

@@ -202,6 +202,8 @@ class BatchEngine:
         self.prefill_chunk = prefill_chunk
         self._observer = observer
         self._pool: KVPool = decoder.session.kv_pool(layout, max_num_seqs)
+        #: Decode steps run at least this many rows (see :meth:`_find_min_batch`).
+        self.min_batch = self._find_min_batch()
         self._free_rows = list(range(max_num_seqs))
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
@@ -309,6 +311,27 @@ class BatchEngine:
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=30)
 
+    def _find_min_batch(self) -> int:
+        """Whether one row decoded alone rounds as it does among others: one decode step of
+        row 0 alone and beside row 1, compared bit for bit. Where they differ (onnxruntime's
+        4-bit MatMulNBits at accuracy level 0 has its own one-row kernel), every step runs at
+        least two rows, so a sequence's tokens never depend on what else runs."""
+        pool: Any = self._pool
+        if self.max_num_seqs < 2 or self.context_length < 5 or not hasattr(pool, "min_batch"):
+            return 1
+        prompt = [[1, 2, 3]]
+        for row in (0, 1):
+            feeds = self._feeds_at([0], prompt)
+            pool.run([row], feeds)
+        step = self._feeds_at([3, 3], [[4], [4]])
+        pool.min_batch = 1
+        alone = pool.run([0], {k: v[:1] for k, v in step.items()})
+        together = pool.run([0, 1], step)
+        if np.array_equal(alone[0], together[0]):
+            return 1
+        pool.min_batch = 2
+        return 2
+
     def _retry_after(self) -> float:
         # roughly one running sequence's remaining time; at least a second
         return 1.0
@@ -373,12 +396,13 @@ class BatchEngine:
 
     def _finish(self, sequence: _Sequence, reason: str) -> None:
         text = sequence.text
+        self._release(sequence)
+        if self._observer is not None:
+            self._observer.finished(len(sequence.request.prompt_ids), len(text.ids), reason)
+        # last: whoever reads the stream sees the engine's books already closed
         sequence.stream._put(
             Generation(text.text, text.ids, reason, len(sequence.request.prompt_ids))
         )
-        if self._observer is not None:
-            self._observer.finished(len(sequence.request.prompt_ids), len(text.ids), reason)
-        self._release(sequence)
 
     def _step(self, running: list[_Sequence]) -> None:
         live = []
@@ -396,12 +420,16 @@ class BatchEngine:
             self._decode(decoding)
 
     def _feeds(self, sequences: Sequence[_Sequence], tokens: list[list[int]]) -> dict[str, Any]:
+        return self._feeds_at([s.used for s in sequences], tokens)
+
+    def _feeds_at(self, used: Sequence[int], tokens: list[list[int]]) -> dict[str, Any]:
+        """Feeds for rows holding ``used`` slots each, running ``tokens`` (one list a row)."""
         new = len(tokens[0])
-        mask = np.zeros((len(sequences), self.context_length), dtype=np.int64)
-        positions = np.empty((len(sequences), new), dtype=np.int64)
-        for index, sequence in enumerate(sequences):
-            mask[index, : sequence.used + new] = 1
-            positions[index] = np.arange(sequence.used, sequence.used + new)
+        mask = np.zeros((len(used), self.context_length), dtype=np.int64)
+        positions = np.empty((len(used), new), dtype=np.int64)
+        for index, slots in enumerate(used):
+            mask[index, : slots + new] = 1
+            positions[index] = np.arange(slots, slots + new)
         feeds: dict[str, Any] = {
             "input_ids": np.asarray(tokens, dtype=np.int64),
             "attention_mask": mask,

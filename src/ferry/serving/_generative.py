@@ -11,6 +11,7 @@ it happens (the engine's worker thread records, prometheus-client's series are t
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
     from ferry.generate import BatchEngine, DecoderSession
 
 __all__ = ["GenerationMetrics", "GenerationSettings", "GenerativeVersion", "load_generative"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,6 +267,13 @@ def load_generative(
         prefill_chunk=settings.prefill_chunk,
         observer=observer,
     )
+    if engine.min_batch > 1:
+        logger.warning(
+            "model %r: a lone sequence decodes beside an idle row (its 4-bit kernels round one "
+            "row differently from several, and a sequence's tokens must not depend on what "
+            "else runs); convert with --accuracy-level 4 for kernels that do not",
+            name,
+        )
     if metrics is not None:
         series = generation_metrics(metrics)
         labels = (name, str(version))
