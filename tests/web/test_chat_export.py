@@ -7,15 +7,19 @@ the bundle's layout and manifest, clear refusals, the CLI route.
 In headless Chromium (marked slow like the other browser tests): the tiny decoder's page against
 ``DecoderSession``, and the kit's SmolLM2 (also ``real``): built with ``ferry convert
 --flavour standard`` (the flavour the page runs fast on wasm: see ``ferry.web._chat``), chatted
-with through the chat box, a screenshot taken mid-answer, and the page's 16 greedy tokens for a
-chat prompt compared with Python's ``DecoderSession.generate(messages=..., max_new_tokens=16)``:
+with through the chat box, a screenshot taken mid-answer (and one, when ``FERRY_SCREENSHOT_DIR``
+is set, there too), the answer stopped from the page, then the page's greedy tokens for two chat
+prompts (16 new tokens at most) compared with Python's ``DecoderSession.generate(messages=...,
+max_new_tokens=16)``:
 
 * identical to DecoderSession on the float32 build of the same GGUF (the same dequantized weights
   in float32 arithmetic, which is what onnxruntime-web computes), asserted;
 * against DecoderSession on the int4 artifact itself, native ONNX Runtime runs the quantized
   matmuls with int8 activations (its QDQ fusion's default accuracy level), so the two may part at
   a close call: how many leading tokens agree is measured, printed and saved (``chat-kit.json``
-  beside the screenshots), not asserted.
+  beside the screenshots), not asserted. Measured: 16/16 on "Why is the sky blue?", 0/16 on
+  "What is the capital of France?" (logits 25.36 vs 25.31 natively for "L" and "The"; 25.24 vs
+  25.33 in float32, in Python and in the page alike).
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "generate"))
 from test_artifact import tiny_config, tiny_model, write_tiny
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+#: The kit test's greedy prompts: 16 new tokens without an end of turn, and a short answer.
+KIT_PROMPTS = ("Why is the sky blue?", "What is the capital of France?")
 
 
 @pytest.fixture(scope="module")
@@ -245,11 +251,9 @@ def test_kit_smollm2_chats_in_chromium(
 
     site = tmp_path / "site"
     exported = export_chat(kit_builds["int4"], site)
-    prompt = MESSAGES[0]["content"]
     exact = DecoderSession.from_folder(kit_builds["fp32"], backends="onnxruntime")
     native = DecoderSession.from_folder(kit_builds["int4"], backends="onnxruntime")
-    want = exact.generate(messages=MESSAGES, max_new_tokens=16)
-    shipped = native.generate(messages=MESSAGES, max_new_tokens=16)
+    answers = []
     with (
         browser.serve_static(site) as url,
         browser.Page(url + "index.html", timeout=300) as page,
@@ -266,31 +270,43 @@ def test_kit_smollm2_chats_in_chromium(
         page.click("stop")
         stopped = _answer(page)
         assert stopped["finishReason"] == "abort" and len(stopped["ids"]) < 200
-        page.click("clear")
-        # The greedy check, through the chat box.
-        _ask(page, prompt, 16)
-        last = _answer(page)
-        speed = page.text("speed")
+        # The greedy check, through the chat box, each prompt in a new chat.
+        for prompt in KIT_PROMPTS:
+            page.click("clear")
+            _ask(page, prompt, 16)
+            answers.append((prompt, _answer(page), page.text("speed")))
         _screenshot(page, "chat-smollm2-answer.png", [artifacts, tmp_path])
-    agree = next((i for i, (a, b) in enumerate(zip(last["ids"], shipped.ids)) if a != b), None)
-    agree = min(len(last["ids"]), len(shipped.ids)) if agree is None else agree
-    record = {
-        "prompt": prompt,
+    record: dict[str, Any] = {
         "backend": info["backend"],
         "threads": info["threads"],
         "bundle_mib": round(sum((site / f).stat().st_size for f in exported.files) / 2**20, 1),
-        "page_ids": last["ids"],
-        "page_text": last["text"],
-        "python_fp32_ids": want.ids,
-        "python_int4_native_ids": shipped.ids,
-        "agree_with_int4_native": agree,
-        "page_tokens_per_second": last["tokensPerSecond"],
-        "page_prefill_ms": last["prefillMs"],
         "story_tokens_per_second": stopped["tokensPerSecond"],
-        "speed_line": speed,
+        "prompts": [],
     }
+    for prompt, last, speed in answers:
+        messages = [{"role": "user", "content": prompt}]
+        want = exact.generate(messages=messages, max_new_tokens=16)
+        shipped = native.generate(messages=messages, max_new_tokens=16)
+        agree = 0
+        for a, b in zip(last["ids"], shipped.ids):
+            if a != b:
+                break
+            agree += 1
+        record["prompts"].append(
+            {
+                "prompt": prompt,
+                "page_ids": last["ids"],
+                "page_text": last["text"],
+                "python_fp32_ids": want.ids,
+                "python_int4_native_ids": shipped.ids,
+                "agree_with_int4_native": f"{agree}/{len(shipped.ids)}",
+                "page_tokens_per_second": last["tokensPerSecond"],
+                "page_prefill_ms": last["prefillMs"],
+                "speed_line": speed,
+            }
+        )
+        assert last["promptIds"] == exact._prompt_ids(None, messages, None)
+        assert last["ids"] == want.ids, record
+        assert last["text"] == want.text
     (artifacts / "chat-kit.json").write_text(json.dumps(record, indent=2))
     print(json.dumps(record, indent=2))
-    assert last["promptIds"] == exact._prompt_ids(None, MESSAGES, None)
-    assert last["ids"] == want.ids, record
-    assert last["text"] == want.text
