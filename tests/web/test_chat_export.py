@@ -219,6 +219,11 @@ def test_tiny_decoder_page_in_chromium(
         assert page.text("error") == ""
         assert "tokens/s" in page.text("speed") and "MiB" in page.text("about")
         _screenshot(page, "chat-tiny.png", [artifacts, tmp_path])
+        # WebGPU asked for where the browser has no adapter: a clear message, no fallback.
+        with browser.Page(url + "index.html?backend=webgpu", timeout=120) as forced:
+            with pytest.raises(browser.BrowserError, match="no WebGPU adapter; use backend wasm"):
+                forced.ready()
+            assert "no WebGPU adapter" in forced.text("error")
 
 
 @pytest.fixture(scope="session")
