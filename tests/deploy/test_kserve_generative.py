@@ -29,7 +29,7 @@ from ferry.deploy import kserve_manifests
 from ferry.errors import InvalidInputError
 
 MESSAGES = [{"role": "user", "content": "Say hi"}]
-SETTINGS = {"max_num_seqs": 4, "max_model_len": 48, "max_queue": 8}
+SETTINGS: dict[str, Any] = {"max_num_seqs": 4, "max_model_len": 48, "max_queue": 8}
 
 
 @pytest.fixture(scope="module")

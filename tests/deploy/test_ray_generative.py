@@ -26,7 +26,7 @@ import pytest
 
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'ferry[ray]'")
 
-MESSAGES = [{"role": "user", "content": "Say hi"}]
+MESSAGES: Any = [{"role": "user", "content": "Say hi"}]
 NEW_TOKENS = 8
 CHAT = {"model": "tiny", "messages": MESSAGES, "max_tokens": NEW_TOKENS, "temperature": 0}
 
@@ -238,15 +238,15 @@ def _scenario(artifact: str, port: int, out: Path) -> None:
             except ImportError:
                 pass
             else:
-                client = openai.OpenAI(base_url=url, api_key="none")
-                chat = client.chat.completions.create(
+                openai_client = openai.OpenAI(base_url=url, api_key="none")
+                chat = openai_client.chat.completions.create(
                     model="tiny", messages=MESSAGES, max_tokens=NEW_TOKENS, temperature=0
-                )  # type: ignore[call-overload]
+                )
                 report["openai"] = chat.choices[0].message.content
-                chunks = client.chat.completions.create(
+                chunks = openai_client.chat.completions.create(
                     model="tiny", messages=MESSAGES, max_tokens=NEW_TOKENS, temperature=0,
                     stream=True,
-                )  # type: ignore[call-overload]  # fmt: skip
+                )  # fmt: skip
                 report["openai_stream"] = "".join(
                     c.choices[0].delta.content or "" for c in chunks if c.choices
                 )
