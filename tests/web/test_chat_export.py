@@ -1,21 +1,22 @@
 """``ferry export --target web`` on a generative artifact: the chat bundle (``ferry.web._chat``).
 
-Fast: tiny random llama decoders (tests/generate/test_artifact's ``write_tiny``, both graph
-flavours) exported and verified in Node (float32: the page's greedy tokens must equal Python's),
-the bundle's layout and manifest, clear refusals, the CLI route.
+Fast: tiny random llama decoders (tests/generate/test_artifact's ``write_tiny``: float32 in both
+graph flavours, and int4 round-to-nearest MatMulNBits with zero points) exported and verified in
+Node (the page's greedy tokens must equal Python's), the bundle's layout and manifest, the
+MatMulNBits rewrite, clear refusals, the CLI route.
 
 In headless Chromium (marked slow like the other browser tests): the tiny decoder's page against
-``DecoderSession``, and the kit's SmolLM2 (also ``real``): built with ``ferry convert
---flavour standard`` (the flavour the page runs fast on wasm: see ``ferry.web._chat``), chatted
-with through the chat box, a screenshot taken mid-answer (and one, when ``FERRY_SCREENSHOT_DIR``
-is set, there too), the answer stopped from the page, then the page's greedy tokens for two chat
-prompts (16 new tokens at most) compared with Python's ``DecoderSession.generate(messages=...,
-max_new_tokens=16)``:
+``DecoderSession``, and the kit's SmolLM2 (also ``real``): built by ``ferry convert`` (int4, the
+default ``ort`` flavour, its MatMulNBits rewritten by the export: see ``ferry.web._chat``),
+chatted with through the chat box, a screenshot taken mid-answer (and one, when
+``FERRY_SCREENSHOT_DIR`` is set, there too), the answer stopped from the page, then the page's
+greedy tokens for two chat prompts (16 new tokens at most) compared with Python's
+``DecoderSession.generate(messages=..., max_new_tokens=16)``:
 
 * identical to DecoderSession on the float32 build of the same GGUF (the same dequantized weights
   in float32 arithmetic, which is what onnxruntime-web computes), asserted;
 * against DecoderSession on the int4 artifact itself, native ONNX Runtime runs the quantized
-  matmuls with int8 activations (its QDQ fusion's default accuracy level), so the two may part at
+  matmuls with int8 activations (the output head's accuracy level 4), so the two may part at
   a close call: how many leading tokens agree is measured, printed and saved (``chat-kit.json``
   beside the screenshots), not asserted. Measured: 16/16 on "Why is the sky blue?", 0/16 on
   "What is the capital of France?" (logits 25.36 vs 25.31 natively for "L" and "The"; 25.24 vs
@@ -52,15 +53,25 @@ def tiny_bundles(npm: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     """``{flavour: (artifact, ChatExport)}`` for a tiny float32 decoder of each flavour."""
     if shutil.which("node") is None:
         pytest.skip("node not found: run scripts/browser-env.sh")
+    import functools
+
+    import ferry.generate._graph as graph
+
     root = tmp_path_factory.mktemp("chat-tiny")
     made = {}
     for flavour in ("standard", "ort"):
         artifact = write_tiny(root / f"tiny-{flavour}", model=tiny_model(tiny_config(), flavour))
         made[flavour] = (artifact, export_chat(artifact, root / f"site-{flavour}"))
+    # int4, round-to-nearest: MatMulNBits with zero points, which the export rewrites.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(graph, "build_decoder", functools.partial(graph.build_decoder, precision="int4"))
+        model = tiny_model(tiny_config(), "ort")
+    artifact = write_tiny(root / "tiny-int4", model=model)
+    made["int4-ort"] = (artifact, export_chat(artifact, root / "site-int4"))
     return made
 
 
-@pytest.mark.parametrize("flavour", ["standard", "ort"])
+@pytest.mark.parametrize("flavour", ["standard", "ort", "int4-ort"])
 def test_tiny_decoder_chats_in_node_as_in_python(
     tiny_bundles: dict[str, tuple[Path, Any]], flavour: str
 ) -> None:
@@ -69,7 +80,8 @@ def test_tiny_decoder_chats_in_node_as_in_python(
     artifact, result = tiny_bundles[flavour]
     v = result.verification
     assert v is not None and v["prompt_ids_identical"]
-    # float32 on both sides: the same greedy tokens, or the export would have refused.
+    # float32 arithmetic on both sides (int4 at accuracy level 0 dequantizes natively too):
+    # the same greedy tokens.
     assert v["identical"] and v["page_ids"] == v["python_ids"]
     want = DecoderSession.from_folder(artifact, backends="onnxruntime").generate(
         messages=MESSAGES, max_new_tokens=8
@@ -119,6 +131,25 @@ def test_the_bundle_holds_everything_the_page_needs(
     assert "logits_to_keep" in {i.name for i in dst.graph.input}
     # The artifact is untouched.
     assert (artifact / "model.onnx").read_bytes() == src.SerializeToString()
+
+
+def test_matmul_nbits_become_dequantize_linear_over_the_same_bytes(
+    tiny_bundles: dict[str, tuple[Path, Any]],
+) -> None:
+    artifact, result = tiny_bundles["int4-ort"]
+    src = onnx.load(str(artifact / "model.onnx"), load_external_data=False)
+    dst = onnx.load(str(result.out_dir / "model.onnx"), load_external_data=False)
+    before = [n.op_type for n in src.graph.node]
+    after = [n.op_type for n in dst.graph.node]
+    assert before.count("MatMulNBits") > 0 and "MatMulNBits" not in after
+    assert after.count("DequantizeLinear") == before.count("MatMulNBits")
+    d = result.manifest["decoder"]
+    assert d["matmul_nbits_dequantized"] == before.count("MatMulNBits")
+    assert d["matmul_nbits_kept"] == 0 and not result.warnings
+    # The weights file is copied as it is: the new initializers point into it.
+    assert (result.out_dir / "model.onnx.data").read_bytes() == (
+        artifact / "model.onnx.data"
+    ).read_bytes()
 
 
 def test_refusals_are_clear(tmp_path: Path, tiny_bundles: dict[str, tuple[Path, Any]]) -> None:
@@ -228,16 +259,16 @@ def test_tiny_decoder_page_in_chromium(
 
 @pytest.fixture(scope="session")
 def kit_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The kit's SmolLM2 GGUF built twice: int4 in the standard flavour (what the page runs),
-    and float32 (the same dequantized weights: the page's arithmetic, in Python)."""
+    """The kit's SmolLM2 GGUF built twice by ``ferry convert``'s defaults: int4 (what the page
+    runs), and float32 (the same dequantized weights: the page's arithmetic, in Python)."""
     from ferry.generate import convert_decoder
     from gguf_files import kit_gguf
 
     gguf = kit_gguf()
     root = tmp_path_factory.mktemp("chat-kit")
     return {
-        "int4": convert_decoder(gguf, root / "smollm2-int4-standard", flavour="standard"),
-        "fp32": convert_decoder(gguf, root / "smollm2-fp32", precision="fp32", flavour="standard"),
+        "int4": convert_decoder(gguf, root / "smollm2-int4"),
+        "fp32": convert_decoder(gguf, root / "smollm2-fp32", precision="fp32"),
     }
 
 

@@ -24,11 +24,12 @@ Before -> After::
 Which graph runs well where (measured, onnxruntime-web 1.30, SmolLM2-135M int4, in Node): the
 wasm build has kernels for every op of both flavours (MatMulNBits, GroupQueryAttention,
 SkipSimplifiedLayerNormalization, GatherBlockQuantized included), but no block-quantized matmul:
-its MatMulNBits dequantizes the whole weight at every call (0.7 tokens/s). The *standard*
-flavour (``ferry convert --flavour standard``: DequantizeLinear -> MatMul) runs at 28 tokens/s
-because the page turns ONNX Runtime's QDQ fusion off (``session.disable_quant_qdq``), so its
-constant folding dequantizes every weight once when the session is created (float32 weights in
-memory). Both flavours load; an ``ort`` one is exported with a warning saying so.
+its MatMulNBits dequantizes the whole weight at every call (0.7 tokens/s). A DequantizeLinear of
+a constant weight is folded once, at load, when the page turns ONNX Runtime's QDQ fusion off
+(``session.disable_quant_qdq``): 28 tokens/s, float32 weights in memory. So the bundle's graph
+has its MatMulNBits rewritten to DequantizeLinear -> MatMul over the same bytes
+(:mod:`ferry.web._chat_graph`), and both flavours run at that speed; the page computes the
+dequantized model in float32.
 
 The export is verified in Node before it is published: the bundle's own ``chat.js`` renders and
 tokenizes a chat and generates greedy tokens, against ``DecoderSession`` on the artifact. The
@@ -59,6 +60,7 @@ import onnx
 from ferry._folders import publish_dir, staging_dir
 from ferry._version import __version__
 from ferry.errors import BackendUnavailableError, ConversionError, ExecutionError, InvalidInputError
+from ferry.web._chat_graph import dequantize_nbits
 from ferry.web._export import (
     BUNDLE_FORMAT,
     MANIFEST_FILE,
@@ -76,6 +78,7 @@ from ferry.web._npm import (
     ensure_onnxruntime_web,
 )
 from ferry.web._ops import WebOpsCheck, check_web_ops
+from ferry.web._ort_web_ops import MAX_IR_VERSION
 
 __all__ = ["CHAT_KIND", "JS_LIBRARIES", "ChatExport", "export_chat", "run_chat_in_node"]
 
@@ -217,17 +220,17 @@ def export_chat(
         )
     info = read_generative_manifest(source) or {}
     proto = onnx.load(str(source / MODEL_FILE), load_external_data=False)
-    ops = check_web_ops(_ir(proto))
-    ops.raise_if_unsupported()
     decoder = _decoder_io(proto, info, files.generation_config)
     decoder["chat_template"] = files.template.source
+    graph = _bundle_graph(proto, source, decoder)
+    ops = check_web_ops(_ir(graph))
+    ops.raise_if_unsupported()
     warnings = []
-    if decoder["flavour"] == "ort" and decoder["precision"] not in ("fp32", "fp16", "bf16"):
+    if decoder["matmul_nbits_kept"]:
         warnings.append(
-            "this is the ort flavour: onnxruntime-web's wasm build dequantizes every "
-            "MatMulNBits weight at every step (about 40x slower than the standard flavour "
-            "there; WebGPU has kernels for it). For pages that run on wasm, convert with "
-            "`ferry convert SOURCE --flavour standard` and export that"
+            f"{decoder['matmul_nbits_kept']} MatMulNBits node(s) could not be rewritten to "
+            "DequantizeLinear -> MatMul: onnxruntime-web's wasm build dequantizes their weights "
+            "at every step (WebGPU has kernels for them)"
         )
     dist = ensure_onnxruntime_web(ort_version)
     libraries = {
@@ -236,7 +239,7 @@ def export_chat(
     }
     staging = staging_dir(out)
     try:
-        model_bytes = _write_model(proto, source, staging, ops.max_ir_version, decoder)
+        model_bytes = _write_model(graph, source, staging, decoder)
         for name in _COPIED:
             if (source / name).is_file():
                 shutil.copyfile(source / name, staging / name)
@@ -406,21 +409,30 @@ def _meta(proto: onnx.ModelProto, key: str) -> str | None:
     return next((p.value for p in proto.metadata_props if p.key == key), None)
 
 
-def _write_model(
-    proto: onnx.ModelProto, source: Path, staging: Path, max_ir: int, decoder: Mapping[str, Any]
-) -> int:
-    """The graph (small: its weights stay in the external data files, copied as they are) with
-    ``logits_to_keep`` a plain input, at an IR version onnxruntime-web loads. Returns the bytes
-    of the model and its data files together."""
+def _bundle_graph(proto: onnx.ModelProto, source: Path, decoder: dict[str, Any]) -> onnx.ModelProto:
+    """The graph the page runs (its weights stay in the external data files, as they are):
+    ``logits_to_keep`` a plain input, MatMulNBits as DequantizeLinear -> MatMul
+    (:mod:`ferry.web._chat_graph`: 40x faster on wasm), at an IR version onnxruntime-web loads.
+    Notes in ``decoder`` how many MatMulNBits were rewritten and kept."""
     model = onnx.ModelProto()
     model.CopyFrom(proto)
     if decoder["logits_to_keep"]:
         keep = [t for t in model.graph.initializer if t.name == "logits_to_keep"]
         for t in keep:
             model.graph.initializer.remove(t)
-    if model.ir_version > max_ir:
-        # The writer stamps its newest IR version; the ops check has ensured the opsets load.
-        model.ir_version = max_ir
+    rewritten, kept = dequantize_nbits(model, source)
+    decoder["matmul_nbits_dequantized"] = rewritten
+    decoder["matmul_nbits_kept"] = kept
+    if model.ir_version > MAX_IR_VERSION:
+        # The writer stamps its newest IR version; the ops check sees that the opsets load.
+        model.ir_version = MAX_IR_VERSION
+    return model
+
+
+def _write_model(
+    model: onnx.ModelProto, source: Path, staging: Path, decoder: Mapping[str, Any]
+) -> int:
+    """Save the graph and copy its weight files; the bytes of them all together."""
     onnx.save(model, str(staging / MODEL_FILE))
     total = (staging / MODEL_FILE).stat().st_size
     for name in decoder["external_data"]:
