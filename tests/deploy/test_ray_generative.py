@@ -69,7 +69,9 @@ def _streamed_text(events: list[Any]) -> str:
     )
 
 
-def test_replica_answers_the_openai_api_under_its_route(artifact: Path, greedy: str) -> None:
+def test_replica_answers_the_openai_api_under_its_route(
+    artifact: Path, greedy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import httpx
 
     from ferry.deploy import ray as ferry_ray
@@ -103,10 +105,64 @@ def test_replica_answers_the_openai_api_under_its_route(artifact: Path, greedy: 
             assert (await client.get(base)).json()["name"] == "tiny"
             # the bare /v1 is not rewritten: only the model's own prefix is
             assert (await client.get("http://ray/v1x/models")).status_code == 404
+        await _through_the_router(replica, greedy, monkeypatch)
         await replica.check_health()
         await replica._app.state.ferry.repository.stop()
 
     asyncio.run(main())
+
+
+async def _through_the_router(replica: Any, greedy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The /v1 router hands requests to the replica its "model" names (the replica's handle
+    stood for by a call on it) and streams the answer back."""
+    from starlette.requests import Request
+
+    from ferry.deploy import _ray_openai
+
+    class Handle:
+        class openai_call:  # as Ray Serve's handle names the method
+            @staticmethod
+            def remote(*call: Any) -> Any:
+                return replica.openai_call(*call)
+
+    router = _ray_openai.FerryOpenAI()
+    router._handle = lambda model: Handle  # type: ignore[method-assign]
+    monkeypatch.setattr(_ray_openai, "_deployed_models", lambda: ["tiny"])  # Ray Serve's status
+
+    async def call(method: str, path: str, body: Any = None) -> tuple[int, bytes, Any]:
+        data = json.dumps(body).encode() if body is not None else b""
+        sent = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal sent
+            if sent:
+                await asyncio.Event().wait()
+            sent = True
+            return {"type": "http.request", "body": data, "more_body": False}
+
+        headers = [(b"content-type", b"application/json")]
+        scope = {"type": "http", "method": method, "path": path, "headers": headers,
+                 "query_string": b"", "root_path": "/v1"}  # fmt: skip
+        response = await router(Request(scope, receive))
+        if hasattr(response, "body_iterator"):
+            content = b"".join([chunk async for chunk in response.body_iterator])
+        else:
+            content = bytes(response.body)
+        return response.status_code, content, dict(response.headers)
+
+    status, content, _ = await call("POST", "/v1/chat/completions", CHAT)
+    assert status == 200, content
+    assert json.loads(content)["choices"][0]["message"]["content"] == greedy
+    status, content, headers = await call("POST", "/v1/chat/completions", {**CHAT, "stream": True})
+    assert headers["content-type"].startswith("text/event-stream")
+    assert _streamed_text(_sse(content.decode())) == greedy
+    status, content, _ = await call("GET", "/v1/models")
+    assert [m["id"] for m in json.loads(content)["data"]] == ["tiny"]
+    status, content, _ = await call("POST", "/v1/completions", {**CHAT, "model": "nope"})
+    error = json.loads(content)["error"]
+    assert status == 404 and error["code"] == "model_not_found" and "'tiny'" in error["message"]
+    status, content, _ = await call("POST", "/v1/chat/completions", {"messages": MESSAGES})
+    assert status == 400 and "'model' field" in json.loads(content)["error"]["message"]
 
 
 def test_applications_pass_generation_settings_and_fill_the_batch(
@@ -117,7 +173,12 @@ def test_applications_pass_generation_settings_and_fill_the_batch(
     from ferry.deploy import ray as ferry_ray
 
     apps = ferry_ray.applications(artifact, max_num_seqs=4, max_model_len=32, max_queue=2)
-    assert [(n, r) for n, r, _ in apps] == [("ferry-tiny", "/v2/models/tiny"), ("ferry", "/v2")]
+    assert [(n, r) for n, r, _ in apps] == [
+        ("ferry-tiny", "/v2/models/tiny"),
+        ("ferry_openai", "/v1"),  # the OpenAI router, with generative models only
+        ("ferry", "/v2"),
+    ]
+    assert apps[1][2]._bound_deployment.ray_actor_options["num_cpus"] == 0
     deployment = apps[0][2]._bound_deployment
     # a full batch and the next in the replica (no more than its queue holds); Ray queues the rest
     assert deployment.max_ongoing_requests == 4 + 2
@@ -133,11 +194,11 @@ def test_applications_pass_generation_settings_and_fill_the_batch(
     ongoing = {
         name: app._bound_deployment.max_ongoing_requests
         for name, _, app in ferry_ray.applications(repo)
-        if name != "ferry"
+        if name.startswith("ferry-")
     }
     assert ongoing == {"ferry-add": 32, "ferry-chat": 32}  # 16 sequences, 16 waiting
     given = ferry_ray.applications(repo, max_ongoing_requests=5)
-    assert {a._bound_deployment.max_ongoing_requests for n, _, a in given if n != "ferry"} == {5}
+    assert {a._bound_deployment.max_ongoing_requests for n, _, a in given if "-" in n} == {5}
     assert ferry_ray.openai_url("http://h:8000/", "chat") == "http://h:8000/v2/models/chat/v1"
 
 
@@ -200,13 +261,18 @@ def test_on_a_local_ray_cluster(artifact: Path, greedy: str, tmp_path: Path) -> 
     assert (
         "OpenAI API of tiny: http://127.0.0.1:8741/v2/models/tiny/v1" in report["deploy"]["output"]
     )
+    assert "OpenAI API: http://127.0.0.1:8741/v1" in report["deploy"]["output"]
     assert report["index"] == [{"name": "tiny", "state": "READY", "reason": ""}]
-    assert report["chat"] == greedy
-    assert report["stream"] == greedy
-    if importlib.util.find_spec("openai") is not None:
-        assert report["openai"] == greedy
-        assert report["openai_stream"] == greedy
+    assert report["models"] == ["tiny"]
+    # both base URLs: the /v1 router and the model's own; httpx and the openai client
+    for base in ("router", "own"):
+        answers = report[base]
+        assert answers["chat"] == answers["stream"] == greedy, (base, answers)
+        if importlib.util.find_spec("openai") is not None:
+            assert answers["openai"] == answers["openai_stream"] == greedy, (base, answers)
+    assert report["unknown_model"] == 404
     assert report["down"] == 0
+    print("replica memory (RSS MiB):", report.get("rss_mib"))
 
 
 def _scenario(artifact: str, port: int, out: Path) -> None:
@@ -217,7 +283,6 @@ def _scenario(artifact: str, port: int, out: Path) -> None:
     ferry = str(Path(sys.executable).parent / "ferry")
     report: dict[str, Any] = {}
     base = f"http://127.0.0.1:{port}"
-    url = f"{base}/v2/models/tiny/v1"
     try:
         flags = ["--http-port", str(port), "--replica-cpus", "0.5", "--max-num-seqs", "4"]
         flags += ["--max-model-len", "48", "--timeout", "400"]
@@ -229,27 +294,14 @@ def _scenario(artifact: str, port: int, out: Path) -> None:
         if done.returncode == 0:
             with httpx.Client(timeout=120) as client:
                 report["index"] = client.post(f"{base}/v2/repository/index").json()
-                answer = client.post(f"{url}/chat/completions", json=CHAT).json()
-                report["chat"] = answer["choices"][0]["message"]["content"]
-                streamed = client.post(f"{url}/chat/completions", json={**CHAT, "stream": True})
-                report["stream"] = _streamed_text(_sse(streamed.text))
-            try:
-                import openai
-            except ImportError:
-                pass
-            else:
-                openai_client = openai.OpenAI(base_url=url, api_key="none")
-                chat = openai_client.chat.completions.create(
-                    model="tiny", messages=MESSAGES, max_tokens=NEW_TOKENS, temperature=0
-                )
-                report["openai"] = chat.choices[0].message.content
-                chunks = openai_client.chat.completions.create(
-                    model="tiny", messages=MESSAGES, max_tokens=NEW_TOKENS, temperature=0,
-                    stream=True,
-                )  # fmt: skip
-                report["openai_stream"] = "".join(
-                    c.choices[0].delta.content or "" for c in chunks if c.choices
-                )
+                listed = client.get(f"{base}/v1/models").json()["data"]
+                report["models"] = [m["id"] for m in listed]
+                wrong = {**CHAT, "model": "nope"}
+                report["unknown_model"] = client.post(f"{base}/v1/completions", json=wrong)
+                report["unknown_model"] = report["unknown_model"].status_code
+            report["router"] = _chats(f"{base}/v1")
+            report["own"] = _chats(f"{base}/v2/models/tiny/v1")
+            report["rss_mib"] = _replica_rss()
     except Exception as e:  # the report says what went wrong; the test shows it
         import traceback
 
@@ -263,6 +315,45 @@ def _scenario(artifact: str, port: int, out: Path) -> None:
         ray_cli = str(Path(sys.executable).parent / "ray")
         subprocess.run([ray_cli, "stop", "--force"], capture_output=True, timeout=120, check=False)
         out.write_text(json.dumps(report, indent=1), encoding="utf-8")
+
+
+def _chats(url: str) -> dict[str, str]:
+    """The greedy chat's text through the OpenAI base URL ``url``: httpx, streamed and not, and
+    the ``openai`` client where it is installed."""
+    import httpx
+
+    out = {}
+    with httpx.Client(timeout=120) as client:
+        answer = client.post(f"{url}/chat/completions", json=CHAT).json()
+        out["chat"] = answer["choices"][0]["message"]["content"]
+        streamed = client.post(f"{url}/chat/completions", json={**CHAT, "stream": True})
+        out["stream"] = _streamed_text(_sse(streamed.text))
+    try:
+        import openai
+    except ImportError:
+        return out
+    openai_client = openai.OpenAI(base_url=url, api_key="none")
+    chat = openai_client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=NEW_TOKENS, temperature=0
+    )
+    out["openai"] = chat.choices[0].message.content or ""
+    chunks = openai_client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=NEW_TOKENS, temperature=0, stream=True
+    )
+    out["openai_stream"] = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return out
+
+
+def _replica_rss() -> dict[str, float]:
+    """Resident memory of Ray Serve's replica processes (``ray::ServeReplica:<app>:...``)."""
+    done = subprocess.run(["ps", "-eo", "rss=,args="], capture_output=True, text=True, check=False)
+    out = {}
+    for line in done.stdout.splitlines():
+        rss, _, args = line.strip().partition(" ")
+        if "ServeReplica:" in args:
+            app = args.split("ServeReplica:", 1)[1].split(":", 1)[0]
+            out[app] = round(int(rss) / 1024, 1)
+    return out
 
 
 if __name__ == "__main__":

@@ -168,8 +168,9 @@ def ray_command(
     must be readable on every node that runs a replica.
 
     A generative model (a decoder folder from `ferry convert`) batches continuously inside each
-    replica and also speaks the OpenAI API: its base URL is
-    http://HOST:PORT/v2/models/<model>/v1 (chat/completions, completions, models, streaming).
+    replica and also speaks the OpenAI API (chat/completions, completions, models, streaming) at
+    http://HOST:PORT/v1, the request's "model" choosing among the deployed models, and at its
+    own base URL http://HOST:PORT/v2/models/<model>/v1.
 
     \b
     Examples:
@@ -234,7 +235,12 @@ def ray_command(
     url = ferry_ray.proxy_url(http_host, http_port)
     console.print(f"serving on [bold]{escape(url)}[/] (KServe v2 through Ray Serve's proxy)")
     _print(models)
-    for name in ferry_ray.generative_models(source):
+    generative = ferry_ray.generative_models(source)
+    if generative:
+        console.print(
+            f'OpenAI API: [bold]{escape(url)}/v1[/] (the request\'s "model" picks the model)'
+        )
+    for name in generative:
         console.print(f"OpenAI API of {escape(name)}: {escape(ferry_ray.openai_url(url, name))}")
 
 

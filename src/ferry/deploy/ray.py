@@ -20,12 +20,12 @@ longest prefix, so clients see one KServe v2 server: Triton's ``tritonclient`` a
 
 A generative model (a decoder folder ``ferry convert`` writes from a GGUF) is served the same way,
 continuous batching inside each replica (:class:`ferry.generate.BatchEngine`), and its replicas also
-answer the OpenAI API under the model's own route: the OpenAI base URL of model ``NAME`` is
-``http://HOST:PORT/v2/models/NAME/v1`` (``/v1/chat/completions``, ``/v1/completions``,
-``/v1/models``, streaming too), and Triton's generate extension answers at
-``/v2/models/NAME/generate`` and ``/generate_stream``. Ray Serve's proxy routes by prefix only, so
-a bare ``/v1`` cannot reach a model's application; routing it to a second application would load
-the model in a second set of replicas (twice the memory), which ferry does not do.
+answer the OpenAI API. Ray Serve's proxy routes by prefix only, so two ways in: ``/v1`` (the
+``ferry_openai`` application, deployed with generative models: it loads no model and hands each
+request to the replicas of the model its ``"model"`` names, :mod:`ferry.deploy._ray_openai`), and
+each model's own base URL, ``http://HOST:PORT/v2/models/NAME/v1``, which the replica's ASGI wrapper
+maps to its ``/v1`` routes (one hop fewer). Triton's generate extension answers at
+``/v2/models/NAME/generate`` and ``/generate_stream``.
 
 Engines compile once per node: replicas on a node share the engine cache
 (``${FERRY_CACHE_DIR:-~/.cache/ferry}``), whose per-key lock makes the second replica wait for the
@@ -45,12 +45,13 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ferry.backends._base import native_stderr_to_log
 from ferry.deploy._generative import check_model_len, context_length, generative_section
+from ferry.deploy._ray_openai import OPENAI_APP, OPENAI_ROUTE, ROUTER_MAX_ONGOING, FerryOpenAI
 from ferry.errors import BackendUnavailableError, FerryError, InvalidInputError, ModelLoadError
 from ferry.serving._batcher import BatchOutcome, ExecutionRecord, QueuedRequest, execute_batch
 from ferry.serving._config import check_precision
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
 __all__ = [
     "APP_PREFIX",
     "FRONT_APP",
+    "OPENAI_APP",
     "DeployedModel",
     "RayBatcher",
     "applications",
@@ -89,6 +91,8 @@ _INSTALL = "pip install 'ferry[ray]'"
 _CONSTRUCTOR_RETRIES = 2
 # Requests a replica of a tensor model takes at once (Ray Serve queues the rest).
 _MAX_ONGOING = 32
+#: The applications that serve no model, and their route prefixes: the front, the OpenAI router.
+_ROUTERS = {FRONT_APP: "/v2", OPENAI_APP: OPENAI_ROUTE}
 
 
 def serve_module() -> Any:
@@ -216,6 +220,16 @@ class FerryModel:
         name = self._model or source_models(Path(self._source))[1][0]
         return _from_root(self._app, f"/v2/models/{name}")
 
+    async def openai_call(
+        self, method: str, path: str, query: bytes, headers: list[Any], body: bytes
+    ) -> AsyncIterator[Any]:
+        """One OpenAI request from the ``/v1`` router (:mod:`ferry.deploy._ray_openai`), answered
+        by this replica's app: its status and headers, then its body as it streams."""
+        from ferry.deploy._ray_openai import run_asgi
+
+        async for part in run_asgi(self._app, method, path, query, headers, body):
+            yield part
+
     async def check_health(self) -> None:
         """Ray Serve's health check: a replica whose models stopped serving is replaced."""
         state = getattr(getattr(self._app, "state", None), "ferry", None)
@@ -305,7 +319,7 @@ def _index_rows() -> list[dict[str, str]]:
     return [
         {"name": m.model, "state": _STATES.get(m.status, "UNAVAILABLE"), "reason": m.reason}
         for m in _statuses()
-        if m.app != FRONT_APP
+        if m.model
     ]
 
 
@@ -532,6 +546,13 @@ def applications(
                 deployment.bind(str(path), load, options),
             )
         )
+    if generative:
+        router = serve.deployment(FerryOpenAI).options(
+            name="FerryOpenAI",
+            ray_actor_options={"num_cpus": 0},
+            max_ongoing_requests=ROUTER_MAX_ONGOING,
+        )
+        out.append((OPENAI_APP, OPENAI_ROUTE, router.bind()))
     front = serve.deployment(FerryFront).options(
         name="FerryFront", ray_actor_options={"num_cpus": 0}
     )
@@ -652,7 +673,7 @@ def deploy(
                     serve.delete(s.app, _blocking=False)
             raise FerryError("; ".join(f"{s.app} failed to deploy: {s.reason}" for s in failed))
         if not pending:
-            return [s for s in statuses if s.app != FRONT_APP]
+            return [s for s in statuses if s.model]
         if time.monotonic() > deadline:
             raise FerryError(
                 f"{', '.join(s.app for s in pending)} did not start within {timeout:.0f} s: "
@@ -669,10 +690,10 @@ def _statuses(names: Sequence[str] | None = None) -> list[DeployedModel]:
     for name, app in sorted(found.items()):
         if names is not None and name not in names:
             continue
-        if names is None and not (name == FRONT_APP or name.startswith(APP_PREFIX)):
+        if names is None and not (name in _ROUTERS or name.startswith(APP_PREFIX)):
             continue
-        model = "" if name == FRONT_APP else name[len(APP_PREFIX) :]
-        route = "/v2" if name == FRONT_APP else f"/v2/models/{model}"
+        model = "" if name in _ROUTERS else name[len(APP_PREFIX) :]
+        route = _ROUTERS.get(name, f"/v2/models/{model}")
         # The application's message is a summary; its deployment's holds the replica's error.
         messages = [app.message or ""] + [d.message or "" for d in app.deployments.values()]
         message = "\n".join(m for m in messages if m)
