@@ -165,6 +165,32 @@ async def _through_the_router(replica: Any, greedy: str, monkeypatch: pytest.Mon
     assert status == 400 and "'model' field" in json.loads(content)["error"]["message"]
 
 
+def test_run_asgi_streams_and_tells_the_app_when_the_client_left() -> None:
+    """The replica's side of the router: the app's answer as it comes, and closing the stream
+    early (Ray Serve does when the router's client went away) is the app's http.disconnect, which
+    ferry's OpenAI routes turn into cancelling the sequence."""
+    from ferry.deploy._ray_openai import run_asgi
+
+    seen: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append((await receive())["body"].decode())
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"a", b"1")]})
+        for i in range(3):
+            await send({"type": "http.response.body", "body": b"x%d" % i, "more_body": True})
+        seen.append((await receive())["type"])  # waits for the client to leave
+
+    async def main() -> list[Any]:
+        parts = run_asgi(app, "POST", "/v1/completions", b"", [], b"hello")
+        got = [await parts.__anext__() for _ in range(4)]
+        await parts.aclose()
+        return got
+
+    got = asyncio.run(main())
+    assert got == [{"status": 200, "headers": [(b"a", b"1")]}, b"x0", b"x1", b"x2"]
+    assert seen == ["hello", "http.disconnect"]
+
+
 def test_applications_pass_generation_settings_and_fill_the_batch(
     artifact: Path, tmp_path: Path
 ) -> None:
