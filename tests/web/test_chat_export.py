@@ -133,6 +133,19 @@ def test_the_bundle_holds_everything_the_page_needs(
     assert (artifact / "model.onnx").read_bytes() == src.SerializeToString()
 
 
+def test_sampling_in_the_page_is_seeded(tiny_bundles: dict[str, tuple[Path, Any]]) -> None:
+    from ferry.web import run_chat_in_node
+
+    _, result = tiny_bundles["standard"]
+    sampled = {"temperature": 1.5, "topP": 0.9, "topK": 50, "seed": 7}
+    first = run_chat_in_node(result.out_dir, MESSAGES, 12, options=sampled)
+    again = run_chat_in_node(result.out_dir, MESSAGES, 12, options=sampled)
+    other = run_chat_in_node(result.out_dir, MESSAGES, 12, options={**sampled, "seed": 8})
+    assert first["ids"] == again["ids"]
+    assert other["ids"] != first["ids"]
+    assert all(0 <= i < 259 for i in first["ids"] + other["ids"])
+
+
 def test_matmul_nbits_become_dequantize_linear_over_the_same_bytes(
     tiny_bundles: dict[str, tuple[Path, Any]],
 ) -> None:

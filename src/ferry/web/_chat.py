@@ -452,9 +452,12 @@ def run_chat_in_node(
     messages: Sequence[Mapping[str, Any]],
     max_new_tokens: int,
     *,
+    options: Mapping[str, Any] | None = None,
     timeout: float = 600,
 ) -> dict[str, Any]:
-    """Chat with a chat bundle's decoder in Node through its own ``chat.js`` (wasm, one thread).
+    """Chat with a chat bundle's decoder in Node through its own ``chat.js`` (wasm, one thread);
+    ``options`` go to ``chat.generate`` (``temperature``, ``topP``, ``topK``, ``seed``; default
+    greedy).
 
     Returns:
         ``prompt_text``, ``prompt_ids``, ``ids`` (greedy), ``text``, ``finish_reason``,
@@ -474,7 +477,13 @@ def run_chat_in_node(
         request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
         io = [str(request), str(result)]
         request.write_text(
-            json.dumps({"messages": list(messages), "max_new_tokens": max_new_tokens}),
+            json.dumps(
+                {
+                    "messages": [dict(m) for m in messages],
+                    "max_new_tokens": max_new_tokens,
+                    "options": dict(options or {}),
+                }
+            ),
             encoding="utf-8",
         )
         try:

@@ -3,7 +3,7 @@
 // it (``ferry.web._chat``). Not shipped in bundles.
 //
 // usage: node _run_chat.mjs BUNDLE_DIR REQUEST.json RESULT.json
-//   REQUEST: {messages, max_new_tokens}; RESULT: {prompt_text, prompt_ids, ids, text,
+//   REQUEST: {messages, max_new_tokens, options?: chat.generate's}; RESULT: {prompt_text, prompt_ids, ids, text,
 //   finish_reason, prefill_ms, tokens_per_second, backend}. Errors: one line on stderr, exit 1.
 import fs from 'node:fs';
 import path from 'node:path';
@@ -19,7 +19,7 @@ try {
   const chat = await loadChat({ backend: 'wasm', threads: 1, read });
   const request = JSON.parse(fs.readFileSync(requestFile, 'utf8'));
   const promptIds = chat.encode(request.messages);
-  const out = await chat.generate(promptIds, { maxNewTokens: request.max_new_tokens });
+  const out = await chat.generate(promptIds, { ...(request.options || {}), maxNewTokens: request.max_new_tokens });
   fs.writeFileSync(resultFile, JSON.stringify({
     prompt_text: chat.render(request.messages),
     prompt_ids: promptIds,
