@@ -38,7 +38,10 @@ function fetchReader(base) {
     }
     if (kind === 'json') return response.json();
     const total = Number(response.headers.get('content-length')) || 0;
-    if (!response.body || !total) return new Uint8Array(await response.arrayBuffer());
+    // A compressed response announces its compressed size: no progress for it.
+    if (!response.body || !total || response.headers.get('content-encoding')) {
+      return new Uint8Array(await response.arrayBuffer());
+    }
     // One buffer of the announced size, filled as the chunks come: a 140 MB download shows
     // progress and is never held twice.
     const bytes = new Uint8Array(total);
