@@ -83,6 +83,10 @@ def test_tiny_decoder_chats_in_node_as_in_python(
     # float32 arithmetic on both sides (int4 at accuracy level 0 dequantizes natively too):
     # the same greedy tokens.
     assert v["identical"] and v["page_ids"] == v["python_ids"]
+    # The text too, streamed token by token as Python streams it (the tiny vocabulary is
+    # bytes: random ids make partial and invalid UTF-8, held back and replaced alike).
+    assert v["page_text"] == v["python_text"]
+    assert v["page_streamed"] == v["python_streamed"]
     want = DecoderSession.from_folder(artifact, backends="onnxruntime").generate(
         messages=MESSAGES, max_new_tokens=8
     )

@@ -513,11 +513,14 @@ def _verify(
     decoder: Mapping[str, Any],
 ) -> dict[str, Any]:
     """Chat in Node and in Python on the same messages; compare (see the module docstring)."""
-    from ferry.generate._loop import DecoderSession
+    from ferry.generate._loop import DecoderSession, Generation, TokenEvent
 
     page = run_chat_in_node(bundle, messages, tokens)
     python = DecoderSession.from_folder(source, backends="onnxruntime")
-    want = python.generate(messages=messages, max_new_tokens=tokens)
+    events = list(python.generate(messages=messages, max_new_tokens=tokens, stream=True))
+    want = events[-1]
+    assert isinstance(want, Generation)
+    streamed = [e.text for e in events[:-1] if isinstance(e, TokenEvent)]
     prompt = python._prompt_ids(None, messages, None)
     if page["prompt_ids"] != prompt:
         first = next(
@@ -541,6 +544,11 @@ def _verify(
             f"the page's greedy tokens differ from Python's on a float32 decoder after {agree} "
             f"token(s): {page['ids']} vs {want.ids}; nothing was written"
         )
+    if full and (page["text"] != want.text or page["streamed"] != streamed):
+        raise ConversionError(
+            "the page decodes the same tokens to other text than Python's: "
+            f"{page['streamed']!r} vs {streamed!r}; nothing was written"
+        )
     return {
         "messages": [dict(m) for m in messages],
         "prompt_tokens": len(prompt),
@@ -551,6 +559,9 @@ def _verify(
         "identical": full,
         "page_text": page["text"],
         "python_text": want.text,
+        # Token by token as each side streamed it (partial UTF-8 held back alike).
+        "page_streamed": page["streamed"],
+        "python_streamed": streamed,
         "node_prefill_ms": page["prefill_ms"],
         "node_tokens_per_second": page["tokens_per_second"],
     }

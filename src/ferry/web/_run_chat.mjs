@@ -4,6 +4,7 @@
 //
 // usage: node _run_chat.mjs BUNDLE_DIR REQUEST.json RESULT.json
 //   REQUEST: {messages, max_new_tokens, options?: chat.generate's}; RESULT: {prompt_text, prompt_ids, ids, text,
+//   streamed (the text of each token as the page showed it),
 //   finish_reason, prefill_ms, tokens_per_second, backend}. Errors: one line on stderr, exit 1.
 import fs from 'node:fs';
 import path from 'node:path';
@@ -19,12 +20,18 @@ try {
   const chat = await loadChat({ backend: 'wasm', threads: 1, read });
   const request = JSON.parse(fs.readFileSync(requestFile, 'utf8'));
   const promptIds = chat.encode(request.messages);
-  const out = await chat.generate(promptIds, { ...(request.options || {}), maxNewTokens: request.max_new_tokens });
+  const pieces = [];
+  const out = await chat.generate(promptIds, {
+    ...(request.options || {}),
+    maxNewTokens: request.max_new_tokens,
+    onToken: (t) => pieces.push(t.text),
+  });
   fs.writeFileSync(resultFile, JSON.stringify({
     prompt_text: chat.render(request.messages),
     prompt_ids: promptIds,
     ids: out.ids,
     text: out.text,
+    streamed: pieces,
     finish_reason: out.finishReason,
     prefill_ms: out.prefillMs,
     tokens_per_second: out.tokensPerSecond,
