@@ -1,11 +1,12 @@
 """Generation speed of the kit's SmolLM2-135M-Instruct (GGUF Q4_1) through ferry and its peers,
 in one table, and the fidelity of ferry's int4 build against llama.cpp on the same GGUF.
 
-The GGUF is converted once per precision the converter offers (int4: the Q4_1 blocks as stored;
-int8: requantized per block of 32; fp32: dequantized, built from standard ONNX ops so that
-OpenVINO can run it too), into ``--work`` (kept between runs; ``--rebuild`` builds again), and
-each artifact is measured by ``ferry bench ARTIFACT --generate`` on the engines asked for: time to
-first token after a fixed prompt of ``--prompt-tokens`` tokens, prefill and decode tokens/s of
+The GGUF is converted once per build (int4: the Q4_1 blocks as stored, float activations, what
+``ferry convert`` makes; int4-a4: the same blocks with int8 activations, ``--accuracy-level 4``,
+as llama.cpp quantizes its activations; int8: requantized per block of 32; fp32: dequantized,
+built from standard ONNX ops so that OpenVINO can run it too), into ``--work`` (kept between
+runs; ``--rebuild`` builds again), and each artifact is measured by ``ferry bench ARTIFACT
+--generate`` on the engines asked for: time to first token after a fixed prompt of ``--prompt-tokens`` tokens, prefill and decode tokens/s of
 greedy decoding of exactly ``--new-tokens`` tokens (eos ignored), and peak RSS of a fresh process
 per configuration; the median and (min-max) of ``-n`` generations after one warm-up. OpenVINO on
 an int4/int8 artifact (ONNX Runtime's MatMulNBits) is skipped with the reason.
@@ -26,7 +27,7 @@ ferry's ``perplexity`` on its own tokens, llama.cpp (``logits_all``) fed the ver
 same windows of ``--ppl-window`` tokens; the ratio (target within 1%).
 
     python benchmarks/generate.py [--prompt-tokens 128] [--new-tokens 128] [--threads 2] [-n 3]
-        [--precisions int4,int8,fp32|none] [--backends onnxruntime,openvino]
+        [--precisions int4,int4-a4,int8,fp32|none] [--backends onnxruntime,openvino]
         [--peers llamacpp,ortgenai,ovgenai|none] [--fidelity] [--markdown] [--json out.json]
 """
 
@@ -52,7 +53,17 @@ if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().p
     sys.path.pop(0)
 
 GGUF = Path.home() / ".cache/ferry-kit/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-PRECISIONS = ("int4", "int8", "fp32")
+#: ferry's builds by name: (precision, MatMulNBits accuracy level, row label). "int4" is what
+#: ``ferry convert`` makes by default (float activations times the blocks as stored); "int4-a4"
+#: the same blocks with int8 activations (``--accuracy-level 4``), as llama.cpp's CPU dot
+#: products quantize theirs: ferry's fastest exact-weight configuration.
+BUILDS = {
+    "int4": ("int4", None, "int4 artifact"),
+    "int4-a4": ("int4", 4, "int4 artifact, int8 activations (--accuracy-level 4)"),
+    "int8": ("int8", None, "int8 artifact"),
+    "fp32": ("fp32", None, "fp32 artifact"),
+}
+PRECISIONS = tuple(BUILDS)
 PASSAGE = ROOT / "benchmarks" / "data" / "passage.txt"
 WORKERS = ROOT / "benchmarks" / "_llm_peers"
 # The kit's inputs.py (chat_prompts): the shared kit, else the repository's older copy.
@@ -106,16 +117,19 @@ PEERS = {
 }
 
 
-def convert(gguf: Path, folder: Path, precision: str) -> None:
-    """The artifact of ``gguf`` at ``precision``: ``convert_decoder`` (``ferry convert``), or,
-    where this ferry has none yet, the same from the lower-level API."""
+def convert(gguf: Path, folder: Path, build: str) -> None:
+    """The artifact of ``gguf`` for one of :data:`BUILDS`: ``convert_decoder`` (``ferry
+    convert``), or, where this ferry has none yet, the same from the lower-level API."""
+    precision, accuracy_level, _ = BUILDS[build]
     flavour = "standard" if precision == "fp32" else "ort"
     try:
         from ferry.generate._convert import convert_decoder
     except ImportError:  # a ferry from before ``ferry convert model.gguf``
         _build(gguf, folder, precision, flavour)
         return
-    convert_decoder(gguf, folder, precision=precision, flavour=flavour)
+    convert_decoder(
+        gguf, folder, precision=precision, flavour=flavour, accuracy_level=accuracy_level
+    )
 
 
 def _build(gguf: Path, folder: Path, precision: str, flavour: str) -> None:
@@ -341,6 +355,8 @@ def fidelity(args: argparse.Namespace, console: Any) -> dict[str, Any]:
         )
     decoders = {}
     for precision in args.fidelity_builds.split(","):
+        if precision not in BUILDS:
+            raise SystemExit(f"--fidelity-builds: unknown {precision}; known: {', '.join(BUILDS)}")
         folder = args.work / f"smollm2-{precision}"
         if not (folder / "model.onnx").is_file():
             start = time.perf_counter()
@@ -485,7 +501,9 @@ def main() -> int:
     parser.add_argument("--gguf", type=Path, default=GGUF)
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "ferry-gen")
     parser.add_argument(
-        "--precisions", default=",".join(PRECISIONS), help="ferry's builds, or none"
+        "--precisions",
+        default=",".join(PRECISIONS),
+        help=f"ferry's builds ({', '.join(BUILDS)}), or none",
     )
     parser.add_argument("--backends", default="onnxruntime,openvino")
     parser.add_argument(
@@ -525,6 +543,9 @@ def main() -> int:
     for line in missing:
         console.print(line)
     precisions = [p for p in args.precisions.split(",") if p and p != "none"]
+    unknown = [p for p in precisions if p not in BUILDS]
+    if unknown:
+        raise SystemExit(f"--precisions: unknown {', '.join(unknown)}; known: {', '.join(BUILDS)}")
     merged: dict[str, Any] = {
         "schema": "ferry.bench.generate/1",
         "model": {"name": args.gguf.name, "precisions": precisions},
@@ -548,7 +569,7 @@ def main() -> int:
             console.print(f"converted {precision} in {time.perf_counter() - start:.0f} s: {folder}")
         results = bench(folder, args)
         for row in results["configurations"]:
-            row["label"] = f"{precision} artifact / {row['label']}"
+            row["label"] = f"{BUILDS[precision][2]} / {row['label']}"
         merged["settings"] = results["settings"]
         merged["device"] = results["device"]
         merged["configurations"] += results["configurations"]
