@@ -7,7 +7,9 @@ server on the GGUF with ``--threads`` threads (``.venv-llamacpp``, made by
 ``bash scripts/llm-peers-env.sh llamacpp``; it has no parallel slots: concurrent requests
 queue), and ``ferry serve`` on the artifact ``ferry convert`` builds from the same GGUF into
 ``--work`` (kept between runs; ``--rebuild`` builds again), with ``--max-num-seqs`` set to the
-concurrency where ``ferry serve`` has that flag. After one warm-up request, a closed-loop driver
+concurrency where ``ferry serve`` has that flag. After a warm-up (rounds of that many requests
+of 16 tokens at once, until ``--warmup-s`` seconds have passed: a freshly started llama.cpp server
+took 80-130 ms a token in its first ~10 s on this 2-core machine, 20 ms after), a closed-loop driver
 (benchmarks/_serve_generate/_driver.py: asyncio and httpx) runs that many virtual users, each
 sending ``--requests-per-user`` streamed chat completions one after another: the kit's 16 chat
 prompts, ``--max-tokens`` tokens at most, temperature 0, ``stream_options.include_usage``.
@@ -22,7 +24,8 @@ after each run (other work on the machine skews the figures). Where ferry was me
 artifact and threads (``--no-reference`` skips it), which one stream at concurrency 1 is held to.
 
     python benchmarks/serve_generate.py [--servers llamacpp,ferry] [--concurrency 1,4,16]
-        [--requests-per-user 3] [--max-tokens 128] [--threads 2] [--work DIR] [--rebuild]
+        [--requests-per-user 3] [--max-tokens 128] [--threads 2] [--warmup-s 10] [--work DIR]
+        [--rebuild]
         [--no-reference] [--markdown] [--json out.json]
 """
 
@@ -85,7 +88,7 @@ def _levels(text: str) -> list[int]:
 def measure(
     spec: ServerSpec, chats: list[Any], concurrency: int, args: argparse.Namespace
 ) -> dict[str, Any]:
-    """One server at one concurrency: started, warmed up with one request, loaded, stopped."""
+    """One server at one concurrency: started, warmed up, loaded, stopped."""
     load_spec = LoadSpec(
         url=spec.url,
         model=spec.model,
@@ -104,16 +107,27 @@ def measure(
     }
     log = args.work / "logs" / f"{spec.name}-c{concurrency}.log"
     with running(spec, log):
-        warm = asyncio.run(run_load(replace(load_spec, concurrency=1, requests_per_user=1)))
-        failed = next((r for r in warm.requests if not r.ok), None)
-        if failed is not None:
-            raise ServerError(f"the warm-up request failed: {failed.error}")
+        run["warmup_requests"] = warm_up(load_spec, args.warmup_s)
         run["load_before"] = os.getloadavg()
         load = asyncio.run(run_load(load_spec))
         run["load_after"] = os.getloadavg()
     run["summary"] = summarize(load)
     run["requests"] = [r.as_dict() for r in load.requests]
     return run
+
+
+def warm_up(spec: LoadSpec, seconds: float) -> int:
+    """Rounds of ``spec.concurrency`` short requests at once until ``seconds`` have passed (one
+    round at least); how many requests were sent. ServerError when one fails."""
+    short = replace(spec, requests_per_user=1, max_tokens=min(16, spec.max_tokens))
+    start, sent = time.perf_counter(), 0
+    while sent == 0 or time.perf_counter() - start < seconds:
+        load = asyncio.run(run_load(short))
+        sent += len(load.requests)
+        failed = next((r for r in load.requests if not r.ok), None)
+        if failed is not None:
+            raise ServerError(f"a warm-up request failed: {failed.error}")
+    return sent
 
 
 def server_specs(
@@ -159,6 +173,9 @@ def main() -> int:
     parser.add_argument("--requests-per-user", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--warmup-s", type=float, default=10.0, help="seconds of warm-up requests per load"
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     parser.add_argument("--rebuild", action="store_true", help="convert the GGUF again")
     parser.add_argument(
@@ -193,6 +210,7 @@ def main() -> int:
             "threads": args.threads,
             "chats": len(chats),
             "temperature": 0.0,
+            "warmup_s": args.warmup_s,
         },
         "machine": {"cpus": os.cpu_count(), "load_before": os.getloadavg()},
         "servers": [],

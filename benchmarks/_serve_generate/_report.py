@@ -83,7 +83,7 @@ def notes(results: dict[str, Any]) -> list[str]:
         f"settings: {s['requests_per_user']} requests per user, closed loop; the kit's "
         f"{s['chats']} chat prompts; max_tokens {s['max_tokens']}, temperature 0, streamed; "
         f"{s['threads']} threads per server; one server at a time, started afresh for each "
-        "concurrency, one warm-up request before each load",
+        f"concurrency, warmed up for {s['warmup_s']:g} s before each load",
         "TTFT: to the first chunk with content; ITL: between chunks with content; output tok/s: "
         "tokens of the completed requests over the whole window",
     ]

@@ -210,7 +210,13 @@ def _results(fast: float, slow: float) -> dict[str, Any]:
         }
 
     return {
-        "settings": {"requests_per_user": 1, "chats": 16, "max_tokens": 8, "threads": 2},
+        "settings": {
+            "requests_per_user": 1,
+            "chats": 16,
+            "max_tokens": 8,
+            "threads": 2,
+            "warmup_s": 10,
+        },
         "machine": {"cpus": 2, "load_before": (0.1, 0.2, 0.3), "load_after": (1.0, 0.5, 0.4)},
         "servers": [{"title": "ferry serve", "version": "0.1", "note": "n"}],
         "runs": [
