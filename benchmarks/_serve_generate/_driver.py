@@ -92,6 +92,9 @@ class RequestResult:
             "completion_tokens": self.completion_tokens,
             "ttft_ms": None if self.ttft is None else self.ttft * 1e3,
             "e2e_ms": (self.end - self.start) * 1e3,
+            # The longest pause inside the stream: where a stall (or the machine's other work)
+            # shows.
+            "itl_max_ms": max(self.itls) * 1e3 if len(self.chunk_times) > 1 else None,
         }
 
 

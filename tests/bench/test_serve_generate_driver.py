@@ -125,6 +125,7 @@ def test_a_healthy_stream_is_timed_and_counted_from_usage(url: str) -> None:
         assert len(r.chunk_times) == TOKENS and r.completion_tokens == TOKENS
         assert len(r.itls) == TOKENS - 1 and min(r.itls) >= GAP * 0.5
         assert r.ttft is not None and 0 < r.ttft <= r.end - r.start
+        assert r.as_dict()["itl_max_ms"] >= GAP * 1e3 * 0.5 and r.as_dict()["chunks"] == TOKENS
     s = summarize(found)
     assert (s["requests"], s["completed"], s["errors"]) == (6, 6, 0)
     assert s["output_tokens"] == 6 * TOKENS and s["tokens_counted_from"] == "usage"
