@@ -85,6 +85,32 @@ def test_int4_from_blocks_equals_fp32_of_the_same_values(name: str, kind: str) -
     )
 
 
+@pytest.mark.parametrize("name", ["llama_gqa", "qwen2_bias", "qwen3_qknorm", "gemma2", "gemma3"])
+def test_q4_1_rows_layout_batches_and_steps_as_the_float_graph(name: str) -> None:
+    """Quantized ort builds run the layers on rows [tokens, features] (Q4_1's correction one
+    Gemm); a left-padded batch and a step through its cache give the float graph's logits, with
+    packed attention or without it (per-head norms), sliding windows and post-norms alike."""
+    cfg = CONFIGS[name]
+    weights = as_blocks(make_weights(cfg), "Q4_1")
+    int4 = build_decoder(cfg, weights, precision="int4", flavour="ort")
+    assert "Gemm" in ops(int4) and "MatMul" in ops(int4)
+    runs = [Runner(m, cfg) for m in (int4, build_decoder(cfg, weights, flavour="ort"))]
+    short = IDS[:6]
+    pad = len(IDS) - len(short)
+    ids = np.stack([IDS, np.concatenate([np.zeros(pad, np.int64), short])])
+    mask = np.stack([np.ones(len(IDS)), np.concatenate([np.zeros(pad), np.ones(len(short))])])
+    pos = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
+    got = []
+    for run in runs:
+        logits, past = run(ids, mask, pos, run.empty_past(2))
+        step, _ = run(
+            np.array([[7], [7]]), np.concatenate([mask, np.ones((2, 1))], 1), pos[:, -1:] + 1, past
+        )
+        got.append((logits[0], logits[1, pad:], step))
+    for ours, want in zip(*got):
+        np.testing.assert_allclose(ours, want, rtol=1e-4, atol=1e-4)
+
+
 def test_int8_activations_stay_close() -> None:
     cfg = CONFIGS["llama_gqa"]
     weights = as_blocks(make_weights(cfg), "Q4_1")

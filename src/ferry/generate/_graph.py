@@ -136,6 +136,12 @@ def build_decoder(
         hidden = quant.widened(b.op("Gather", [embed_value, input_ids]))
     if config.embedding_scale != 1.0:
         hidden = b.op("Mul", [hidden, b.const(config.embedding_scale)])
+    # Quantized ort builds run the layers on rows [tokens, features]: Q4_1's correction is then
+    # one Gemm per product instead of a MatMul and an Add (GroupQueryAttention takes 3D).
+    rows = _Rows(b, input_ids) if b.fused and quant.quantized else None
+    if rows is not None:
+        hidden = rows.flat(hidden, config.hidden_size)
+        quant.rows = True
 
     presents: list[ir.Value] = []
     delta: ir.Value | None = None  # the residual branch not yet added (fused into the next norm)
@@ -154,10 +160,14 @@ def build_decoder(
             rope,
             local_rope,
             fused,
+            rows,
         )
         presents += [key, value]
 
     hidden, _ = _add_norm(b, weights, config, "final_norm", hidden, delta)
+    if rows is not None:
+        hidden = rows.unflat(hidden, config.hidden_size)
+        quant.rows = False
     # logits_to_keep (optional, default 0 = every position): only the last k positions go
     # through the output head. Generation needs the last one; the head over a whole prompt
     # (128 x 576 x 49,152 for SmolLM2) is a large share of the first token's time and memory.
@@ -251,9 +261,11 @@ def _layer(
     rope: Rope,
     local_rope: Rope,
     fused: FusedInputs | None,
+    rows: _Rows | None = None,
 ) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
     """One pre-norm block (gemma adds post-norms) on hidden + delta; returns the residual, the
-    feed-forward's branch still to add, and present k/v."""
+    feed-forward's branch still to add, and present k/v. With ``rows``, hidden, delta and the
+    projections are 2D [tokens, features] and only attention sees [batch, sequence, ...]."""
     p = f"layers.{i}."
     x, hidden = _add_norm(b, weights, config, p + "attn_norm", hidden, delta)
     names = [p + "q", p + "k", p + "v"]
@@ -265,11 +277,20 @@ def _layer(
             biases = [weights[n + "_bias"].float() for n in names if n + "_bias" in weights]
             if biases:
                 packed = b.op("Add", [packed, b.init(p + "qkv_bias", np.concatenate(biases))])
+            if rows is not None:
+                width = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
+                packed = rows.unflat(packed, width)
             bias = fused.sliding_bias if sliding and fused.sliding_bias is not None else fused.bias
             context, key, value = attend_fused(
                 b, packed, None, None, past_key, past_value, bias, fused, config, layer_rope
             )
+            if rows is not None:
+                context = rows.flat(context, config.num_heads * config.head_dim)
             return _feed_forward(b, quant, weights, config, p, hidden, context, key, value)
+    if rows is not None:
+        # q, k, v stored unalike (or normed per head): this block's projections stay 3D
+        x = rows.unflat(x, config.hidden_size)
+        quant.rows = False
     projected = quant.linears(x, [weights[n] for n in names], p + "qkv", names)
     q, k, v = (
         _heads(b, weights, config, n, y, heads, flat=fused is not None)
@@ -282,6 +303,9 @@ def _layer(
         k = apply_rope(b, k, layer_rope, config.num_kv_heads)
         bias = fused.sliding_bias if sliding and fused.sliding_bias is not None else fused.bias
         context, key, value = attend_fused(b, q, k, v, past_key, past_value, bias, fused, config)
+        if rows is not None:
+            context = rows.flat(context, config.num_heads * config.head_dim)
+            quant.rows = True
         return _feed_forward(b, quant, weights, config, p, hidden, context, key, value)
     q = apply_rope(b, q, layer_rope)
     k = apply_rope(b, k, layer_rope)
@@ -290,6 +314,27 @@ def _layer(
     mask = masks.sliding if sliding and masks.sliding is not None else masks.full
     context = attend(b, q, key, value, mask, config)
     return _feed_forward(b, quant, weights, config, p, hidden, context, key, value)
+
+
+class _Rows:
+    """Reshapes between [batch, sequence, width] and rows [batch * sequence, width]."""
+
+    def __init__(self, b: Builder, input_ids: ir.Value) -> None:
+        self.b = b
+        self.batch_sequence = b.op("Shape", [input_ids])  # [B, S]
+        self._shapes: dict[int, ir.Value] = {}
+
+    def flat(self, x: ir.Value, width: int) -> ir.Value:
+        """[..., width] as rows [-1, width]."""
+        return self.b.op("Reshape", [x, self.b.ints([-1, width])])
+
+    def unflat(self, x: ir.Value, width: int) -> ir.Value:
+        """Rows [B * S, width] as [B, S, width] (B, S from input_ids; one shape per width)."""
+        if width not in self._shapes:
+            self._shapes[width] = self.b.op(
+                "Concat", [self.batch_sequence, self.b.ints([width])], {"axis": 0}
+            )
+        return self.b.op("Reshape", [x, self._shapes[width]])
 
 
 def _rotates_inside(
