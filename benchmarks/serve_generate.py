@@ -19,9 +19,9 @@ the server sends it, else one per content chunk, over the whole window), time to
 the first chunk with content) and inter-token latency (between chunks with content) at p50 and
 p99, and the failed requests (a status other than 200, a broken stream, an error in the stream,
 a timeout), counted and named, never dropped. The machine's load average is noted before and
-after each run (other work on the machine skews the figures). Where ferry was measured,
-``ferry bench ARTIFACT --generate`` then gives ferry generate's own decode speed on the same
-artifact and threads (``--no-reference`` skips it), which one stream at concurrency 1 is held to.
+after each run (other work on the machine skews the figures). Before ferry's loads,
+``ferry bench ARTIFACT --generate`` gives ferry generate's own decode speed on the same artifact
+and threads (``--no-reference`` skips it), which one stream at concurrency 1 is held to.
 
     python benchmarks/serve_generate.py [--servers llamacpp,ferry] [--concurrency 1,4,16]
         [--requests-per-user 3] [--max-tokens 128] [--threads 2] [--warmup-s 10] [--work DIR]
@@ -226,6 +226,12 @@ def main() -> int:
             continue
         entry, spec_for = found
         results["servers"].append(entry)
+        if name == "ferry" and args.reference:
+            # Just before ferry's own loads: the two see the machine as alike as can be.
+            print("ferry bench --generate (ferry generate's decode speed, for concurrency 1) ...")
+            results["reference"] = generate_reference(
+                args.work / "smollm2-int4", threads=args.threads, new_tokens=args.max_tokens
+            )
         for i, c in enumerate(levels):
             spec = spec_for(c)
             try:
@@ -245,15 +251,6 @@ def main() -> int:
                 f"{s['output_tokens_per_s']:.1f} output tok/s, {s['errors']} errors"
             )
             results["runs"].append(run)
-    if (
-        "ferry" in names
-        and args.reference
-        and any(s.get("name") == "ferry" for s in results["servers"])
-    ):
-        print("ferry bench --generate (the decode speed of ferry generate, for concurrency 1) ...")
-        results["reference"] = generate_reference(
-            args.work / "smollm2-int4", threads=args.threads, new_tokens=args.max_tokens
-        )
     results["machine"]["load_after"] = os.getloadavg()
     print(plain(results))
     for line in notes(results):
