@@ -9,7 +9,9 @@ and Q8_0 with zero point 128 (int8 codes stored +128). Q4_1's value d * q + m wo
 zero point -m / d, which onnxruntime 1.32 accepts but runs 20-40x slower than packed uint8 zero
 points (measured: 3.0 ms against 0.14 ms for 576 x 1536, one thread). So Q4_1 is split the way
 llama.cpp's own Q4_1 dot product splits it: A @ (d * q).T with zero point 0, plus the per-block
-sums of A times the minimums, sum_j (sum_{k in j} A_k) * m[n, j]: exact, and one small MatMul.
+sums of A times the minimums, sum_j (sum_{k in j} A_k) * m[n, j]: exact, and one small MatMul
+(the ort flavour's quantized builds run on rows [tokens, features], where that MatMul and the
+Add are one Gemm taking the product as its C: measured 4% faster decode than MatMul + Add).
 The standard flavour's DequantizeLinear splits Q4_1 the same way (its zero point is an integer
 of the codes' type too).
 """
