@@ -56,6 +56,7 @@ from benchmarks._serve_generate import (  # noqa: E402
     ServerError,
     ServerSpec,
     build_artifact,
+    cpu_seconds,
     ferry_serve_flags,
     ferry_spec,
     llamacpp_spec,
@@ -106,11 +107,17 @@ def measure(
         "command": spec.command,
     }
     log = args.work / "logs" / f"{spec.name}-c{concurrency}.log"
-    with running(spec, log):
+    with running(spec, log) as process:
         run["warmup_requests"] = warm_up(load_spec, args.warmup_s)
         run["load_before"] = os.getloadavg()
+        server_cpu, client_cpu = cpu_seconds(process.pid), time.process_time()
         load = asyncio.run(run_load(load_spec))
         run["load_after"] = os.getloadavg()
+        # How much of the window each side got the CPU for: on a shared machine, a server short
+        # of its cores shows here.
+        run["client_cpu_s"] = time.process_time() - client_cpu
+        after = cpu_seconds(process.pid)
+        run["server_cpu_s"] = None if after is None or server_cpu is None else after - server_cpu
     run["summary"] = summarize(load)
     run["requests"] = [r.as_dict() for r in load.requests]
     return run

@@ -104,7 +104,7 @@ def notes(results: dict[str, Any]) -> list[str]:
             + "; finish "
             + ", ".join(f"{k} {v}" for k, v in summary["finish_reasons"].items())
             + f"; load average {run['load_before'][0]:.2f} before, "
-            f"{run['load_after'][0]:.2f} after"
+            f"{run['load_after'][0]:.2f} after" + _cpu(run, summary["window_s"])
         )
         for kind, count in summary["error_kinds"].items():
             lines.append(f"  {count} failed: {kind}")
@@ -116,6 +116,16 @@ def notes(results: dict[str, Any]) -> list[str]:
         f"{', '.join(f'{x:.2f}' for x in machine['load_after'])} at the end"
     )
     return lines
+
+
+def _cpu(run: dict[str, Any], window_s: float) -> str:
+    """ "; CPU: server 1.85 cores, client 0.10" (CPU seconds over the window), where known."""
+    parts = [
+        f"{who} {run[key] / window_s:.2f} cores"
+        for who, key in (("server", "server_cpu_s"), ("client", "client_cpu_s"))
+        if run.get(key) is not None and window_s > 0
+    ]
+    return f"; CPU: {', '.join(parts)}" if parts else ""
 
 
 def comparison(results: dict[str, Any]) -> list[str]:

@@ -12,6 +12,7 @@ turns that off so that every request runs to its end. Its requests default to a 
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -211,6 +212,17 @@ def wait_ready(
                 return
         time.sleep(0.3)
     raise ServerError(f"{spec.title} was not ready after {timeout_s:g} s:\n{_log_tail(log)}")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU time (user + system) process ``pid`` has used so far, from /proc; None where
+    there is no /proc."""
+    try:
+        # Fields after the command (which may hold spaces) in its parentheses: utime is the 12th.
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def stop(process: subprocess.Popen[Any], timeout_s: float = 30.0) -> None:

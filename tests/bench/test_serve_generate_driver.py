@@ -17,6 +17,7 @@ from benchmarks._serve_generate import (
     RequestResult,
     ServerError,
     ServerSpec,
+    cpu_seconds,
     ferry_spec,
     llamacpp_spec,
     markdown,
@@ -208,6 +209,8 @@ def _results(fast: float, slow: float) -> dict[str, Any]:
             "summary": summary,
             "load_before": (0.5, 0.5, 0.5),
             "load_after": (1.0, 0.5, 0.5),
+            "server_cpu_s": 1.5 * summary["window_s"],
+            "client_cpu_s": 0.25 * summary["window_s"],
         }
 
     return {
@@ -239,6 +242,7 @@ def test_report_table_errors_and_comparison() -> None:
     assert "  2 failed: HTTP 429: busy" in lines
     assert "other at concurrency 4: not measured: no venv" in lines
     assert any("ferry serve at concurrency 16: 3 tokens" in line for line in lines)
+    assert any(line.endswith("CPU: server 1.50 cores, client 0.25 cores") for line in lines)
     assert any(
         line.startswith("ferry / llama.cpp server at concurrency 16: output tok/s 4.00x")
         for line in lines
@@ -254,6 +258,18 @@ def test_concurrency_one_against_ferry_generate() -> None:
     assert "0.95x (goal: within 10%)" in line
     results["reference"] = {"error": "ferry bench --generate failed (1): boom"}
     assert any(x.endswith("failed (1): boom") for x in notes(results))
+
+
+def test_cpu_seconds_of_this_process() -> None:
+    import os
+    import time
+
+    before = cpu_seconds(os.getpid())
+    end = time.process_time() + 0.05
+    while time.process_time() < end:
+        pass
+    after = cpu_seconds(os.getpid())
+    assert before is not None and after is not None and after - before >= 0.02
 
 
 def test_server_commands(tmp_path: Path) -> None:
