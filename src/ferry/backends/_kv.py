@@ -114,6 +114,10 @@ class KVPool(Protocol):
         """One step for ``rows``: the logits ``[len(rows), S, vocab]``."""
         ...
 
+    def release(self, row: int) -> None:
+        """The sequence in ``row`` ended: the memory its cache held may go."""
+        ...
+
 
 class PerRowKVPool:
     """A pool for any engine: one :class:`KVRunner` per row (the engine's own where it keeps a
@@ -132,6 +136,9 @@ class PerRowKVPool:
         self.rows = rows
         self._make = make_runner
         self._runners: list[KVRunner | None] = [None] * rows
+
+    def release(self, row: int) -> None:
+        self._runners[row] = None
 
     def run(self, rows: Sequence[int], feeds: Mapping[str, np.ndarray]) -> np.ndarray:
         new = int(feeds["input_ids"].shape[1])

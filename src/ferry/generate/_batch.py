@@ -391,6 +391,7 @@ class BatchEngine:
     def _release(self, sequence: _Sequence) -> None:
         if sequence in self._running:
             self._running.remove(sequence)
+            self._pool.release(sequence.row)
             self._free_rows.append(sequence.row)
             self._reserved -= sequence.reserved
 
