@@ -6,7 +6,8 @@ port, started afresh for each concurrency in ``--concurrency`` and stopped after
 server on the GGUF with ``--threads`` threads (``.venv-llamacpp``, made by
 ``bash scripts/llm-peers-env.sh llamacpp``; it has no parallel slots: concurrent requests
 queue), and ``ferry serve`` on the artifact ``ferry convert`` builds from the same GGUF into
-``--work`` (kept between runs; ``--rebuild`` builds again), with ``--max-num-seqs`` set to the
+``--work`` (kept between runs; ``--rebuild`` builds again; ``--artifact DIR`` serves another
+build instead, e.g. one converted with other options), with ``--max-num-seqs`` set to the
 concurrency where ``ferry serve`` has that flag. After a warm-up (rounds of that many requests
 of 16 tokens at once, until ``--warmup-s`` seconds have passed: a freshly started llama.cpp server
 took 80-130 ms a token in its first ~10 s on this 2-core machine, 20 ms after), a closed-loop driver
@@ -25,7 +26,7 @@ and threads (``--no-reference`` skips it), which one stream at concurrency 1 is 
 
     python benchmarks/serve_generate.py [--servers llamacpp,ferry] [--concurrency 1,4,16]
         [--requests-per-user 3] [--max-tokens 128] [--threads 2] [--warmup-s 10] [--work DIR]
-        [--rebuild]
+        [--rebuild | --artifact DIR]
         [--no-reference] [--markdown] [--json out.json]
 """
 
@@ -137,6 +138,11 @@ def warm_up(spec: LoadSpec, seconds: float) -> int:
     return sent
 
 
+def ferry_artifact(args: argparse.Namespace) -> Path:
+    """The artifact ferry serves: ``--artifact``, else the one built into ``--work``."""
+    return args.artifact if args.artifact is not None else args.work / "smollm2-int4"
+
+
 def server_specs(
     name: str, args: argparse.Namespace, console_print: Any
 ) -> tuple[dict[str, Any], Any] | str:
@@ -154,13 +160,17 @@ def server_specs(
             {"name": name, "title": first.title, "version": found, "note": first.note},
             lambda c: llamacpp_spec(args.gguf, threads=args.threads),
         )
-    artifact = args.work / "smollm2-int4"
+    artifact = ferry_artifact(args)
     start = time.perf_counter()
-    try:
-        if build_artifact(args.gguf, artifact, rebuild=args.rebuild):
-            console_print(f"ferry convert: {artifact} in {time.perf_counter() - start:.0f} s")
-    except ServerError as e:
-        return str(e)
+    if args.artifact is not None:
+        if not (artifact / "model.onnx").is_file():
+            return f"--artifact {artifact} holds no model.onnx: give a ferry convert output folder"
+    else:
+        try:
+            if build_artifact(args.gguf, artifact, rebuild=args.rebuild):
+                console_print(f"ferry convert: {artifact} in {time.perf_counter() - start:.0f} s")
+        except ServerError as e:
+            return str(e)
     flags = ferry_serve_flags()
     first = ferry_spec(artifact, concurrency=1, threads=args.threads, flags=flags)
     return (
@@ -185,6 +195,13 @@ def main() -> int:
     )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     parser.add_argument("--rebuild", action="store_true", help="convert the GGUF again")
+    parser.add_argument(
+        "--artifact",
+        type=Path,
+        default=None,
+        help="serve this artifact (a ferry convert output folder) instead of "
+        "the one built into --work",
+    )
     parser.add_argument(
         "--no-reference",
         dest="reference",
@@ -233,11 +250,11 @@ def main() -> int:
             continue
         entry, spec_for = found
         results["servers"].append(entry)
-        if name == "ferry" and args.reference:
+        if name == "ferry" and args.reference and 1 in levels:
             # Just before ferry's own loads: the two see the machine as alike as can be.
             print("ferry bench --generate (ferry generate's decode speed, for concurrency 1) ...")
             results["reference"] = generate_reference(
-                args.work / "smollm2-int4", threads=args.threads, new_tokens=args.max_tokens
+                ferry_artifact(args), threads=args.threads, new_tokens=args.max_tokens
             )
         for i, c in enumerate(levels):
             spec = spec_for(c)
