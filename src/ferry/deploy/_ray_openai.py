@@ -20,6 +20,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
+from ferry.deploy._ray_serve import APP_PREFIX, serve_module
+
 if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import Response
@@ -110,7 +112,10 @@ class FerryOpenAI:
     """The ``/v1`` router: each request to the model its body (or path) names, through that
     model's Ray Serve application; ``GET /v1/models`` lists every deployed generative model."""
 
-    def __init__(self) -> None:
+    def __init__(self, deployed: Callable[[], list[str]]) -> None:
+        #: The models RUNNING on the cluster (``ferry.deploy.ray.running_models``, given by
+        #: the deployment so that this module need not import the one that deploys it).
+        self._deployed = deployed
         self._handles: dict[str, Any] = {}
         self._known: list[str] = []
         self._known_at = -math.inf
@@ -120,7 +125,7 @@ class FerryOpenAI:
         a moment ago (a status call to the controller for every token stream would cost)."""
         now = time.monotonic()
         if wanted is None or wanted not in self._known or now - self._known_at > _KNOWN_FOR_S:
-            self._known = await asyncio.to_thread(_deployed_models)
+            self._known = await asyncio.to_thread(self._deployed)
             self._known_at = now
         return self._known
 
@@ -153,8 +158,6 @@ class FerryOpenAI:
             return openai_error(e)
 
     def _handle(self, model: str) -> Any:
-        from ferry.deploy.ray import APP_PREFIX, serve_module
-
         if model not in self._handles:
             app = f"{APP_PREFIX}{model}"
             self._handles[model] = serve_module().get_app_handle(app).options(stream=True)
@@ -206,10 +209,3 @@ def _model_named(path: str, body: bytes) -> str:
             400, "say which model: the request's 'model' field names one", param="model"
         )
     return model
-
-
-def _deployed_models() -> list[str]:
-    """The models of the ferry applications RUNNING on the cluster."""
-    from ferry.deploy.ray import _statuses
-
-    return [s.model for s in _statuses() if s.model and s.status == "RUNNING"]

@@ -52,7 +52,8 @@ from typing import TYPE_CHECKING, Any
 from ferry.backends._base import native_stderr_to_log
 from ferry.deploy._generative import check_model_len, context_length, generative_section
 from ferry.deploy._ray_openai import OPENAI_APP, OPENAI_ROUTE, ROUTER_MAX_ONGOING, FerryOpenAI
-from ferry.errors import BackendUnavailableError, FerryError, InvalidInputError, ModelLoadError
+from ferry.deploy._ray_serve import APP_PREFIX, serve_module
+from ferry.errors import FerryError, InvalidInputError, ModelLoadError
 from ferry.serving._batcher import BatchOutcome, ExecutionRecord, QueuedRequest, execute_batch
 from ferry.serving._config import check_precision
 from ferry.serving._generative import GenerationSettings
@@ -82,10 +83,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Ray Serve application names: ``ferry-<model>`` per model, ``ferry`` for the front.
-APP_PREFIX = "ferry-"
+#: Ray Serve application name of the front (``APP_PREFIX`` + model for each model).
 FRONT_APP = "ferry"
-_INSTALL = "pip install 'ferry[ray]'"
 # A model that fails to load fails the same way again: retrying its replica twice is enough to
 # tell a flaky node from a broken model, and Ray's default (20) keeps a broken deploy waiting.
 _CONSTRUCTOR_RETRIES = 2
@@ -93,15 +92,6 @@ _CONSTRUCTOR_RETRIES = 2
 _MAX_ONGOING = 32
 #: The applications that serve no model, and their route prefixes: the front, the OpenAI router.
 _ROUTERS = {FRONT_APP: "/v2", OPENAI_APP: OPENAI_ROUTE}
-
-
-def serve_module() -> Any:
-    """``ray.serve``, or BackendUnavailableError naming the extra that installs it."""
-    try:
-        from ray import serve
-    except ImportError as e:
-        raise BackendUnavailableError(f"Ray Serve is not installed ({e}); {_INSTALL}") from None
-    return serve
 
 
 # -- batching ---------------------------------------------------------------------------------
@@ -552,7 +542,7 @@ def applications(
             ray_actor_options={"num_cpus": 0},
             max_ongoing_requests=ROUTER_MAX_ONGOING,
         )
-        out.append((OPENAI_APP, OPENAI_ROUTE, router.bind()))
+        out.append((OPENAI_APP, OPENAI_ROUTE, router.bind(running_models)))
     front = serve.deployment(FerryFront).options(
         name="FerryFront", ray_actor_options={"num_cpus": 0}
     )
@@ -681,6 +671,11 @@ def deploy(
                 "cluster have the CPUs its replicas ask for? see `ray status`)"
             )
         time.sleep(0.5)
+
+
+def running_models() -> list[str]:
+    """The models of the ferry applications RUNNING on the cluster (the ``/v1`` router asks)."""
+    return [s.model for s in _statuses() if s.model and s.status == "RUNNING"]
 
 
 def _statuses(names: Sequence[str] | None = None) -> list[DeployedModel]:

@@ -188,6 +188,7 @@ _MODULES = (
     "_scheduler",
     "_generative",
     "_repository",
+    "_state",
     "_app",
 )
 

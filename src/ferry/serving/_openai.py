@@ -46,7 +46,6 @@ from ferry.errors import (
     FerryError,
     InvalidInputError,
 )
-from ferry.serving._app import ServingState, _small_json_body, _state, status_of
 from ferry.serving._http import HTTPError
 from ferry.serving._openai_requests import (
     GenerateParams,
@@ -59,6 +58,7 @@ from ferry.serving._openai_requests import (
     invalid,
 )
 from ferry.serving._repository import ModelNotFoundError, ModelNotReadyError
+from ferry.serving._state import ServingState, _small_json_body, _state, status_of
 
 if TYPE_CHECKING:
     from starlette.requests import Request

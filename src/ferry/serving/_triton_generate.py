@@ -23,7 +23,6 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ferry.errors import EngineBusyError, EngineClosedError
-from ferry.serving._app import _error, _small_json_body, _state
 from ferry.serving._http import HTTPError
 from ferry.serving._openai import (
     EventStream,
@@ -35,6 +34,7 @@ from ferry.serving._openai import (
     submit,
 )
 from ferry.serving._openai_requests import generation_request, triton_request
+from ferry.serving._state import _error, _small_json_body, _state
 
 if TYPE_CHECKING:
     from starlette.requests import Request
