@@ -69,7 +69,10 @@ from benchmarks._serve_generate import (  # noqa: E402
     running,
     summarize,
 )
-from benchmarks._serve_generate._reference import generate_reference  # noqa: E402
+from benchmarks._serve_generate._reference import (  # noqa: E402
+    chat_reference,
+    generate_reference,
+)
 from benchmarks.generate import GGUF, kit_chats  # noqa: E402
 
 SERVERS = ("llamacpp", "ferry")
@@ -255,6 +258,13 @@ def main() -> int:
             print("ferry bench --generate (ferry generate's decode speed, for concurrency 1) ...")
             results["reference"] = generate_reference(
                 ferry_artifact(args), threads=args.threads, new_tokens=args.max_tokens
+            )
+            # the same chats as the one stream at concurrency 1 (user 0's requests)
+            results["chat_reference"] = chat_reference(
+                ferry_artifact(args),
+                chats[: args.requests_per_user],
+                threads=args.threads,
+                new_tokens=args.max_tokens,
             )
         for i, c in enumerate(levels):
             spec = spec_for(c)

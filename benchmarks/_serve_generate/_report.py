@@ -151,6 +151,15 @@ def comparison(results: dict[str, Any]) -> list[str]:
             f"stream (median), ferry generate {reference['decode_tokens_per_s']:.1f} "
             f"(ferry bench --generate, {reference['label']}): {ratio:.2f}x (goal: within 10%)"
         )
+    chat = results.get("chat_reference")
+    if chat and single and single.get("decode_tokens_per_s") and not chat.get("error"):
+        ratio = single["decode_tokens_per_s"] / chat["decode_tokens_per_s"]
+        lines.append(
+            f"ferry serve at concurrency 1 against {chat['label']} "
+            f"({chat['decode_tokens_per_s']:.1f} tok/s, measured as a stream): {ratio:.2f}x"
+        )
+    elif chat and chat.get("error"):
+        lines.append(f"the token loop on the chats: {chat['error']}")
     for (name, c), ours in sorted(by.items()):
         theirs = by.get(("llamacpp", c))
         if name != "ferry" or theirs is None or not theirs["output_tokens_per_s"]:
