@@ -17,7 +17,7 @@ import numpy as np
 from ferry.backends._kv import KVLayout
 from ferry.errors import ExecutionError
 
-__all__ = ["OrtKVRunner"]
+__all__ = ["OrtKVRunner", "run_prompt"]
 
 
 class OrtKVRunner:
@@ -66,17 +66,7 @@ class OrtKVRunner:
     def _prefill(self, feeds: Mapping[str, np.ndarray], new: int) -> np.ndarray:
         """The first chunk run with empty pasts; its presents copied into the buffers (in
         place) or bound as the next step's pasts."""
-        plain = dict(feeds)
-        plain["attention_mask"] = feeds["attention_mask"][:, :new]
-        empty = self.layout.empty(0)
-        plain.update(dict.fromkeys(self.layout.past, empty))
-        names = [self.layout.logits, *self.layout.present]
-        try:
-            outputs = self._session.run(names, plain)
-        except Exception as e:  # ORT raises its own exception types from C++
-            raise ExecutionError(
-                f"onnxruntime failed to run the decoder: {self._message(e)}"
-            ) from e
+        outputs = run_prompt(self._session, self.layout, feeds, new, self._message)
         if self.in_place:
             for buffer, present in zip(self._buffers, outputs[1:]):
                 buffer[:, :, :new] = present
@@ -119,6 +109,21 @@ class OrtKVRunner:
         logits: np.ndarray = outputs[self._logits_index].numpy()
         binding.bind_output(self.layout.logits)  # its width changes from the prompt to a token
         return logits
+
+
+def run_prompt(
+    session: Any, layout: KVLayout, feeds: Mapping[str, np.ndarray], new: int, message: Any
+) -> list[np.ndarray]:
+    """A sequence's first ``new`` tokens as a plain run with empty pasts (the mask cut to
+    them): the logits, then the presents in ``layout.present``'s order."""
+    plain = dict(feeds)
+    plain["attention_mask"] = feeds["attention_mask"][:, :new]
+    plain.update(dict.fromkeys(layout.past, layout.empty(0)))
+    try:
+        outputs: list[np.ndarray] = session.run([layout.logits, *layout.present], plain)
+    except Exception as e:  # ORT raises its own exception types from C++
+        raise ExecutionError(f"onnxruntime failed to run the decoder: {message(e)}") from e
+    return outputs
 
 
 def _static_vocab(session: Any, logits: str) -> int | None:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ferry.backends._kv import KVLayout
+from ferry.backends._onnxruntime_kv import run_prompt
 from ferry.errors import ExecutionError
 
 __all__ = ["OrtKVPool"]
@@ -121,17 +122,7 @@ class OrtKVPool:
         return logits[[row - first for row in rows]]
 
     def _prefill(self, row: int, feeds: Mapping[str, np.ndarray], new: int) -> np.ndarray:
-        plain = dict(feeds)
-        plain["attention_mask"] = feeds["attention_mask"][:, :new]
-        empty = self.layout.empty(0)
-        plain.update(dict.fromkeys(self.layout.past, empty))
-        names = [self.layout.logits, *self.layout.present]
-        try:
-            outputs = self._session.run(names, plain)
-        except Exception as e:  # ORT raises its own exception types from C++
-            raise ExecutionError(
-                f"onnxruntime failed to run the decoder: {self._message(e)}"
-            ) from e
+        outputs = run_prompt(self._session, self.layout, feeds, new, self._message)
         for buffer, present in zip(self._buffers, outputs[1:]):
             buffer[row, :, :new] = present[0]
         logits: np.ndarray = outputs[0]

@@ -52,6 +52,48 @@ def session_options(f: F) -> F:
     return f
 
 
+def generation_options(where: str = "", seqs_note: str = "", kv_note: str = "") -> Callable[[F], F]:
+    """The continuous-batching options of a command serving generative models (``ferry serve``,
+    ``ferry deploy ray``, ``ferry deploy kserve``): ``where`` says whose they are ("each
+    replica"), the notes what else they set there."""
+    whose = f" ({where})" if where else ""
+
+    def decorate(f: F) -> F:
+        f = click.option(
+            "--max-queue",
+            type=click.IntRange(min=1),
+            default=256,
+            show_default=True,
+            help=f"Generative models{whose}: requests waiting beyond this are answered 429 with "
+            "Retry-After.",
+        )(f)
+        f = click.option(
+            "--kv-cache-mib",
+            type=click.FloatRange(min=0, min_open=True),
+            default=None,
+            help=f"Generative models{whose}: the KV cache budget in MiB; each running sequence "
+            "reserves its prompt + max_tokens out of it and requests wait for room [default: "
+            f"--max-num-seqs sequences of --max-model-len]{kv_note}.",
+        )(f)
+        f = click.option(
+            "--max-model-len",
+            type=click.IntRange(min=2),
+            default=None,
+            help="Generative models: a sequence's prompt + new tokens at most [default: the "
+            "model's context].",
+        )(f)
+        return click.option(
+            "--max-num-seqs",
+            type=click.IntRange(min=1),
+            default=16,
+            show_default=True,
+            help=f"Generative models{whose}: sequences decoded at once (continuous batching's "
+            f"batch){seqs_note}.",
+        )(f)
+
+    return decorate
+
+
 def input_options(f: F) -> F:
     f = click.option(
         "--seed", type=int, default=0, show_default=True, help="Seed for generated inputs."

@@ -8,7 +8,7 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from ferry.cli._common import console
+from ferry.cli._common import console, generation_options
 from ferry.errors import InvalidInputError
 
 __all__ = ["kserve_command"]
@@ -132,34 +132,10 @@ class _OneLineUsage(click.Command):
     help="A Kubernetes Secret whose KEY (default api-key) holds the API key: ferry serve reads "
     "it as FERRY_API_KEY and asks for 'Authorization: Bearer KEY' on inference.",
 )
-@click.option(
-    "--max-num-seqs",
-    type=click.IntRange(min=1),
-    default=16,
-    show_default=True,
-    help="Generative models: sequences a pod decodes at once (continuous batching's batch); "
-    "KServe scales on requests in flight with this target.",
-)
-@click.option(
-    "--max-model-len",
-    type=click.IntRange(min=2),
-    default=None,
-    help="Generative models: a sequence's prompt + new tokens at most [default: the model's "
-    "context].",
-)
-@click.option(
-    "--kv-cache-mib",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    help="Generative models: the KV cache budget in MiB [default: --max-num-seqs sequences of "
-    "--max-model-len]; the default --memory counts it.",
-)
-@click.option(
-    "--max-queue",
-    type=click.IntRange(min=1),
-    default=256,
-    show_default=True,
-    help="Generative models: requests waiting beyond this are answered 429.",
+@generation_options(
+    "a pod",
+    seqs_note="; KServe scales on requests in flight with this target",
+    kv_note="; the default --memory counts it",
 )
 @click.option(
     "--wheel",

@@ -10,7 +10,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from ferry.cli._common import console
+from ferry.cli._common import console, generation_options
 
 if TYPE_CHECKING:
     from ferry.deploy.ray import DeployedModel
@@ -104,35 +104,10 @@ def _autoscale(
     metavar="SECONDS",
     help="How long to wait for the models to serve.",
 )
-@click.option(
-    "--max-num-seqs",
-    type=click.IntRange(min=1),
-    default=16,
-    show_default=True,
-    help="Generative models: sequences each replica decodes at once (continuous batching's "
-    "batch); a replica takes this many requests and as many again waiting, Ray Serve queues "
-    "the rest.",
-)
-@click.option(
-    "--max-model-len",
-    type=click.IntRange(min=2),
-    default=None,
-    help="Generative models: a sequence's prompt + new tokens at most [default: the model's "
-    "context].",
-)
-@click.option(
-    "--kv-cache-mib",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    help="Generative models: each replica's KV cache budget in MiB [default: --max-num-seqs "
-    "sequences of --max-model-len].",
-)
-@click.option(
-    "--max-queue",
-    type=click.IntRange(min=1),
-    default=256,
-    show_default=True,
-    help="Generative models: requests waiting in a replica beyond this are answered 429.",
+@generation_options(
+    "each replica",
+    seqs_note="; a replica takes this many requests and as many again waiting, Ray Serve "
+    "queues the rest",
 )
 @click.option("--down", is_flag=True, help="Remove ferry's applications from the cluster.")
 @click.option("--status", "show_status", is_flag=True, help="List ferry's applications.")

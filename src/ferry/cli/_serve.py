@@ -9,7 +9,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from ferry.cli._common import console
+from ferry.cli._common import console, generation_options
 from ferry.serving import DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
 
 
@@ -103,35 +103,7 @@ from ferry.serving import DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
     "the folder's name; a folder of bundles mounts each). Bundles of served models "
     "(REPO/<model>/web/, or SOURCE itself) are served without it.",
 )
-@click.option(
-    "--max-num-seqs",
-    type=click.IntRange(min=1),
-    default=16,
-    show_default=True,
-    help="Generative models: sequences decoded at once (continuous batching's batch).",
-)
-@click.option(
-    "--max-model-len",
-    type=click.IntRange(min=2),
-    default=None,
-    help="Generative models: a sequence's prompt + new tokens at most [default: the model's "
-    "context].",
-)
-@click.option(
-    "--kv-cache-mib",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    help="Generative models: the KV cache budget in MiB; each running sequence reserves its "
-    "prompt + max_tokens out of it and requests wait for room [default: --max-num-seqs "
-    "sequences of --max-model-len].",
-)
-@click.option(
-    "--max-queue",
-    type=click.IntRange(min=1),
-    default=256,
-    show_default=True,
-    help="Generative models: requests waiting beyond this are answered 429 with Retry-After.",
-)
+@generation_options()
 def command(
     source: Path,
     host: str,
