@@ -139,6 +139,7 @@ class Log:
 
     def __init__(self) -> None:
         self.events: list[str] = []
+        self.reasons: list[str] = []
 
     def admitted(self, queued_seconds: float) -> None:
         self.events.append("admitted")
@@ -148,6 +149,7 @@ class Log:
 
     def finished(self, prompt_tokens: int, new_tokens: int, reason: str) -> None:
         self.events.append("finished")
+        self.reasons.append(reason)
 
 
 def test_requests_wait_for_the_cache_budget(ort_folder: Path) -> None:
@@ -175,7 +177,8 @@ def test_requests_wait_for_the_cache_budget(ort_folder: Path) -> None:
 
 def test_a_full_queue_is_refused_and_a_cancelled_stream_frees_its_row(ort_folder: Path) -> None:
     decoder = DecoderSession.from_folder(ort_folder)
-    engine = BatchEngine(decoder, max_num_seqs=1, max_queue=1)
+    log = Log()
+    engine = BatchEngine(decoder, max_num_seqs=1, max_queue=1, observer=log)
 
     async def main() -> Generation:
         first = engine.submit(GenerationRequest(PROMPTS[0], 40))
@@ -194,6 +197,7 @@ def test_a_full_queue_is_refused_and_a_cancelled_stream_frees_its_row(ort_folder
     try:
         done = asyncio.run(main())
         assert isinstance(done, Generation) and done.prompt_tokens == 1
+        assert log.reasons[0] == "cancelled"  # the metrics count it
         assert engine.stats() == {"running": 0.0, "waiting": 0.0, "kv_cache_usage": 0.0}
     finally:
         engine.close()

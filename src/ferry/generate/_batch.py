@@ -377,6 +377,7 @@ class BatchEngine:
             head = self._waiting[0]
             if head.stream.cancelled:
                 self._waiting.popleft()
+                self._finish(head, "cancelled")
                 continue
             if self._reserved + head.reserved > self.budget_slots:
                 break  # the first in line waits for room; later ones do not pass it
@@ -410,7 +411,7 @@ class BatchEngine:
         for sequence in running:
             if sequence.stream.cancelled:
                 with self._lock:
-                    self._release(sequence)
+                    self._finish(sequence, "cancelled")  # counted; nobody reads the stream
             else:
                 live.append(sequence)
         reading = [s for s in live if s.prefilling]
