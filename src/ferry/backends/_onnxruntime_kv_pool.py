@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ferry.backends._kv import KVLayout
-from ferry.backends._onnxruntime_kv import run_prompt
+from ferry.backends._onnxruntime_kv import _static_vocab, run_prompt
 from ferry.errors import ExecutionError
 
 __all__ = ["OrtKVPool"]
@@ -55,7 +55,7 @@ class OrtKVPool:
         self._binding = session.io_binding()
         self._bound: tuple[int, int] | None = None  # the slice of rows bound now
         self._defaults = {value.name for value in session.get_overridable_initializers()}
-        self._vocab = _vocab(session, layout.logits)
+        self._vocab = _static_vocab(session, layout.logits)
         # slots each row holds: an idle row a step covers gets its new slot after them, where
         # no sequence's data is (a row between two chunks of its prompt keeps its cache)
         self._used = [0] * rows
@@ -170,12 +170,3 @@ def _anonymous(size: int) -> mmap.mmap:
     if advice is not None:
         memory.madvise(advice)
     return memory
-
-
-def _vocab(session: Any, logits: str) -> int | None:
-    """The logits' last dim when the graph fixes it and they are float32, else None."""
-    for output in session.get_outputs():
-        if output.name == logits and output.type == "tensor(float)":
-            last = output.shape[-1] if output.shape else None
-            return last if isinstance(last, int) else None
-    return None

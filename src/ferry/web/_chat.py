@@ -49,7 +49,6 @@ import logging
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -59,7 +58,7 @@ import onnx
 
 from ferry._folders import publish_dir, staging_dir
 from ferry._version import __version__
-from ferry.errors import BackendUnavailableError, ConversionError, ExecutionError, InvalidInputError
+from ferry.errors import BackendUnavailableError, ConversionError, InvalidInputError
 from ferry.web._chat_graph import dequantize_nbits
 from ferry.web._export import (
     BUNDLE_FORMAT,
@@ -76,6 +75,7 @@ from ferry.web._npm import (
     bundle_files,
     ensure_npm_package,
     ensure_onnxruntime_web,
+    run_in_node,
 )
 from ferry.web._ops import WebOpsCheck, check_web_ops
 from ferry.web._ort_web_ops import MAX_IR_VERSION
@@ -486,21 +486,9 @@ def run_chat_in_node(
             ),
             encoding="utf-8",
         )
-        try:
-            proc = subprocess.run(
-                # Liftoff only: V8's optimizing tier would otherwise compile the 28 MB wasm
-                # binary in the background for a minute, on the cores the run needs.
-                [node, "--liftoff-only", str(_RUNNER), str(Path(bundle).absolute()), *io],
-                capture_output=True,
-                text=True,
-                check=False,
-                timeout=timeout,
-            )
-        except subprocess.TimeoutExpired as e:
-            raise ExecutionError(f"the chat ran over {timeout:.0f} s in Node") from e
-        if proc.returncode != 0:
-            message = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
-            raise ExecutionError(f"the chat page's code failed in Node: {message}")
+        run_in_node(
+            node, _RUNNER, [str(Path(bundle).absolute()), *io], timeout, "the chat page's code"
+        )
         data: dict[str, Any] = json.loads(result.read_text(encoding="utf-8"))
         return data
 

@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -55,6 +54,7 @@ from ferry.web._npm import (
     PINNED_ORT_WEB_VERSION,
     bundle_files,
     ensure_onnxruntime_web,
+    run_in_node,
 )
 from ferry.web._ops import WebOpsCheck, check_web_ops
 
@@ -371,21 +371,9 @@ def run_bundle_in_node(
             (io / file).write_bytes(array.astype(array.dtype.newbyteorder("<")).tobytes())
             listing.append({"name": name, "dtype": dtype, "shape": list(array.shape), "file": file})
         (io / "feeds.json").write_text(json.dumps(listing), encoding="utf-8")
-        try:
-            proc = subprocess.run(
-                # Liftoff only: V8 otherwise optimizes the whole 28 MB wasm binary (about a
-                # minute of CPU, waited for at exit) for a run of a few calls.
-                [node, "--liftoff-only", str(_RUNNER), str(Path(bundle).absolute()), str(io)],
-                capture_output=True,
-                text=True,
-                check=False,
-                timeout=timeout,
-            )
-        except subprocess.TimeoutExpired as e:
-            raise ExecutionError(f"the bundle's model ran over {timeout:.0f} s in Node") from e
-        if proc.returncode != 0:
-            message = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
-            raise ExecutionError(f"onnxruntime-web failed in Node: {message}")
+        run_in_node(
+            node, _RUNNER, [str(Path(bundle).absolute()), str(io)], timeout, "the bundle's model"
+        )
         outputs = {}
         for entry in json.loads((io / "outputs.json").read_text(encoding="utf-8")):
             out_dtype = np.dtype(np.bool_ if entry["dtype"] == "bool" else entry["dtype"])

@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ferry.errors import BackendUnavailableError
+from ferry.errors import BackendUnavailableError, ExecutionError
 
 __all__ = [
     "ENTRY_MODULE",
@@ -25,6 +25,7 @@ __all__ = [
     "ensure_npm_package",
     "ensure_onnxruntime_web",
     "npm_cache_dir",
+    "run_in_node",
 ]
 
 #: The onnxruntime-web release bundles use. The newest stable release on npm when this was
@@ -126,3 +127,23 @@ def ensure_npm_package(package: str, version: str, files: list[str]) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return installed
+
+
+def run_in_node(node: str, script: Path, args: list[str], timeout: float, what: str) -> None:
+    """Run one of the bundle's Node scripts; ExecutionError naming ``what`` when it runs over
+    ``timeout`` seconds or fails (its last stderr line)."""
+    try:
+        proc = subprocess.run(
+            # Liftoff only: V8's optimizing tier would otherwise compile the 28 MB wasm binary
+            # in the background for about a minute, on the cores the run needs.
+            [node, "--liftoff-only", str(script), *args],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as e:
+        raise ExecutionError(f"{what} ran over {timeout:.0f} s in Node") from e
+    if proc.returncode != 0:
+        message = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
+        raise ExecutionError(f"{what} failed in Node: {message}")
