@@ -2,7 +2,8 @@
 Session that runs it, ``auto``'s measured choice of plan, and checking a plan partition by partition.
 
 ``load(model, backends=...)`` is the entry point (re-exported as ``ferry.load``). Modules import
-one way: ``_specs``, ``_feeds``, ``_cache`` <- ``_session`` (the Session) <- ``_measure`` (the
+one way: ``_specs``, ``_feeds``, ``_cache`` <- ``_session`` (the Session) <- ``_found_graph``,
+``_found`` (valid inputs found by probing) <- ``_measure`` (the
 block timer, the sizes to time at, the verdicts' folder, ONNX Runtime alone) <- ``_auto``,
 ``_pays`` <- ``_load`` (``load``, ``make_plan``) <- ``_verify``.
 """
@@ -28,6 +29,7 @@ from ferry.runtime._feeds import (
     parse_shape,
     random_feeds,
 )
+from ferry.runtime._found import FoundInputs, found_inputs
 from ferry.runtime._load import (
     AUTO_BUDGET_S,
     PlanChoice,
@@ -56,6 +58,7 @@ __all__ = [
     "CacheEntry",
     "Candidate",
     "EngineCache",
+    "FoundInputs",
     "InputChecker",
     "PartitionCheck",
     "PlanChoice",
@@ -71,6 +74,7 @@ __all__ = [
     "default_cache_dir",
     "engine_key",
     "format_shape",
+    "found_inputs",
     "guessed_dims",
     "load",
     "load_npy",

@@ -52,6 +52,9 @@ __all__ = [
     "compile_partition",
     "default_cache_dir",
     "engine_key",
+    "model_digest",
+    "remember_inputs",
+    "remembered_inputs",
     "resolve_cache",
 ]
 
@@ -544,3 +547,61 @@ def _load_cached(
         "engine cache: loaded %s from %s (hashing took %.3fs)", backend.name, key[:12], hashed
     )
     return compiled
+
+
+# ---------------------------------------------------------------------------------------------
+# What the model was found to run on (``ferry.runtime.found_inputs``)
+
+_ARTIFACT_REPORT = "ferry.json"
+_FOUND_FIELD = "found_inputs"
+
+
+def model_digest(model: ir.Model) -> str:
+    """A sha256 of ``model``'s content (graph, declared specs and every weight byte): the key
+    found inputs are cached by in one process."""
+    digest = hashlib.sha256()
+    specs = [_value_spec(v) for v in [*model.graph.inputs, *model.graph.outputs]]
+    _update(digest, json.dumps(specs).encode())
+    structure, tensors = _structure(model)
+    _update(digest, structure)
+    for name, tensor in tensors:
+        _update(digest, f"{name}|{tensor.dtype}|{list(tensor.shape)}".encode())
+        _hash_tensor(digest, tensor)
+    return digest.hexdigest()
+
+
+def remembered_inputs(model_file: Path) -> dict[str, tuple[int, ...]] | None:
+    """The input shapes found to run the artifact's model (``ferry.json``'s
+    ``"found_inputs"``), or None when it remembers none."""
+    report = Path(model_file).parent / _ARTIFACT_REPORT
+    try:
+        data = json.loads(report.read_text(encoding="utf-8"))
+        found = data[_FOUND_FIELD]
+        if found.get("model") != Path(model_file).name:
+            return None
+        return {str(k): tuple(int(d) for d in v) for k, v in found["shapes"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def remember_inputs(model_file: Path, shapes: Mapping[str, tuple[int, ...]], how: str) -> None:
+    """Record in the artifact's ``ferry.json`` the shapes the model was found to run at, so that
+    later verbs start from them. Only an artifact ferry made (its ``ferry.json`` exists) is
+    written; any failure to write is logged, never raised (remembering is an optimization)."""
+    report = Path(model_file).parent / _ARTIFACT_REPORT
+    if not report.is_file():
+        return
+    try:
+        data = json.loads(report.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            return
+        entry = {"model": Path(model_file).name, "shapes": {k: list(v) for k, v in shapes.items()}}
+        if {k: v for k, v in (data.get(_FOUND_FIELD) or {}).items() if k != "how"} == entry:
+            return
+        data[_FOUND_FIELD] = {**entry, "how": how}
+        from ferry.graph import atomic_path
+
+        with atomic_path(report) as tmp:
+            tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    except (OSError, ValueError) as e:
+        logger.debug("not remembering the inputs found in %s: %s", report, e)

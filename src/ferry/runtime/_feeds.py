@@ -19,6 +19,7 @@ __all__ = [
     "load_npy",
     "parse_dims",
     "parse_shape",
+    "random_array",
     "random_feeds",
 ]
 
@@ -150,11 +151,13 @@ def random_feeds(
     arrays = {}
     for spec in ordered:
         shape = concrete_shape(spec, shapes.get(spec.name), sizes=sizes)
-        arrays[spec.name] = _random_array(spec, shape, rng)
+        arrays[spec.name] = random_array(spec, shape, rng)
     return {spec.name: arrays[spec.name] for spec in specs}
 
 
-def _random_array(spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+def random_array(spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Random data for ``spec`` at ``shape``: standard normal floats, ints in [0, 10), coin-flip
+    bools, a few strings."""
     dtype = spec.dtype
     if spec.onnx_type == "STRING":
         return rng.choice(np.array(["a", "b", "c"], dtype=object), size=shape)
