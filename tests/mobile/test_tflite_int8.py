@@ -146,8 +146,10 @@ def test_qdq_model_runs_integer_kernels(qdq: Path, tmp_path: Path) -> None:
 
 
 def test_a_qdq_model_exports_as_int8_only(qdq: Path) -> None:
+    """Without a precision a QDQ model is lowered as what it is (int8); float is refused."""
+    assert "QUANTIZE" in [op.opcode for op in lower_model(qdq).model.subgraphs[0].operators]
     with pytest.raises(ferry.errors.InvalidInputError, match="precision int8"):
-        lower_model(qdq)
+        lower_model(qdq, precision="fp32")
 
 
 # ---------------------------------------------------------- QDQ graphs built by hand (onnx.helper)

@@ -36,7 +36,8 @@ from ferry.errors import ConversionError, InvalidInputError
     type=click.Choice(["fp32", "fp16", "int8"]),
     default=None,
     help="tflite only. fp16: float16 weights (half the size, float kernels). int8: integer "
-    "kernels, from a model made by `ferry quantize --target tflite`. Default: fp32.",
+    "kernels, from a QDQ model (`ferry quantize --target tflite` or another quantizer's). "
+    "Default: int8 for a QDQ model, else fp32.",
 )
 @click.option(
     "--nhwc-io",
@@ -157,7 +158,7 @@ def command(
             result = export_tflite(
                 model,
                 output,
-                precision=precision or "fp32",
+                precision=precision,
                 nhwc_io=nhwc_io,
                 verify=verify,
                 samples=inputs or None,

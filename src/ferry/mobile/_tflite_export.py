@@ -23,7 +23,14 @@ import numpy as np
 from ferry.errors import ConversionError, InvalidInputError
 from ferry.graph import atomic_path, graph_inputs, load_model, model_source_path, shape_of
 from ferry.mobile._litert import KERNELS, LiteRT, Placement
-from ferry.mobile._tflite_lower import IOInfo, Lowered, ModelSource, lower_model, optional_inputs
+from ferry.mobile._tflite_lower import (
+    IOInfo,
+    Lowered,
+    ModelSource,
+    lower_model,
+    optional_inputs,
+    source_precision,
+)
 from ferry.parity import BudgetVerdict, ParityReport, compare_outputs, within_budget
 
 __all__ = ["TFLiteExport", "TFLiteReport", "Verification", "export_tflite"]
@@ -163,7 +170,7 @@ def export_tflite(
     model: ModelSource,
     output: str | os.PathLike[str],
     *,
-    precision: str = "fp32",
+    precision: str | None = None,
     nhwc_io: bool = False,
     verify: bool = True,
     samples: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]] | None = None,
@@ -175,7 +182,8 @@ def export_tflite(
         model: a path, an ``onnx_ir.Model`` or an ``onnx.ModelProto``; never modified.
         output: the ``.tflite`` file to write (atomically: never half written).
         precision: ``fp32``, ``fp16`` (float16 weights), or ``int8`` (from a QDQ model made by
-            ``ferry quantize --target tflite``).
+            ``ferry quantize --target tflite`` or another static quantizer); None: ``int8`` for
+            a QDQ model, else ``fp32``.
         nhwc_io: the 4-D inputs and outputs the model has in NCHW are channels-last (NHWC) in
             the file; samples and results stay in the model's layout here.
         verify: run the export in LiteRT against ONNX Runtime on the source model; a failure
@@ -194,6 +202,7 @@ def export_tflite(
         BackendUnavailableError: LiteRT is not installed (pass ``verify=False``).
     """
     source = load_model(model)
+    precision = precision or source_precision(source)
     where = model_source_path(source)
     dest = Path(output)
     if where is not None and dest.exists() and dest.resolve() == where.resolve():

@@ -13,7 +13,10 @@ the optimizer's basic pipeline at fixed input sizes), then lowered by the core i
 Inputs with a default (initializers the model also lists as inputs, IR >= 4: a streaming
 model's state, ``state:<variable>``) are inputs of the ``.tflite`` file too: TFLite has no
 optional inputs, and freezing the default would drop what the caller may give (the state of the
-previous call). The app feeds the default on the first call (:func:`optional_inputs`).
+previous call). The app feeds the default on the first call (:func:`optional_inputs`). A model
+that lists *every* initializer as an input (IR 3 required it; legacy exporters and PyTorch's
+``keep_initializers_as_inputs`` still do it at IR 4) lists its weights, not a state: they are
+constants of the file.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from ferry.tflite import (
     TFLiteModel,
     check_precision,
     infer_shapes,
+    is_qdq,
     lower_prepared,
     static_inputs,
 )
@@ -47,6 +51,7 @@ __all__ = [
     "ModelSource",
     "lower_model",
     "optional_inputs",
+    "source_precision",
     "to_tflite_model",
 ]
 
@@ -62,7 +67,7 @@ def to_tflite_model(
     model: ModelSource,
     *,
     shapes: Mapping[str, Sequence[int]] | None = None,
-    precision: str = "fp32",
+    precision: str | None = None,
     nhwc_io: bool = False,
 ) -> TFLiteModel:
     """Lower an ONNX model to TFLite (plain data; :func:`ferry.tflite.write_tflite` writes it).
@@ -76,7 +81,7 @@ def lower_model(
     model: ModelSource,
     *,
     shapes: Mapping[str, Sequence[int]] | None = None,
-    precision: str = "fp32",
+    precision: str | None = None,
     nhwc_io: bool = False,
 ) -> Lowered:
     """Lower an ONNX model to TFLite.
@@ -86,7 +91,9 @@ def lower_model(
         shapes: input sizes to export at (``{"x": (1, 3, 224, 224)}``); inputs not named keep
             their static sizes, a symbolic first dim (the batch) becomes 1.
         precision: ``fp32``; ``fp16`` (weights stored as float16, dequantized at load);
-            ``int8`` (a QDQ model made by ``ferry quantize --target tflite``: integer kernels).
+            ``int8`` (a QDQ model, made by ``ferry quantize --target tflite`` or any other
+            static quantizer: integer kernels); None: the source's own
+            (:func:`source_precision`).
         nhwc_io: the 4-D inputs and outputs the model has in NCHW are NHWC in the file
             (channels last, as cameras give images): the transposes at the edges disappear.
             Those already channels-last (a TensorFlow model's) stay as they are.
@@ -98,6 +105,7 @@ def lower_model(
         UnsupportedOpError: nodes TFLite cannot run, every one named with the reason.
     """
     source = load_model(model)
+    precision = precision or source_precision(source)
     check_precision(source, precision)
     fixed, batch = static_inputs(source, shapes or {})
     work = _prepared(source, fixed, precision)
@@ -118,11 +126,21 @@ def lower_model(
     return lowered
 
 
+def source_precision(model: ir.Model) -> str:
+    """The precision a model is exported at when none is asked: ``int8`` for a QDQ model (its
+    activations quantized, whoever quantized it: TFLite's integer kernels run it as it is),
+    else ``fp32``."""
+    return "int8" if is_qdq(model) else "fp32"
+
+
 def optional_inputs(model: ir.Model) -> dict[str, np.ndarray]:
     """The inputs the caller may leave out, with their defaults: initializers that the model
     also lists as inputs, from IR 4 on (before, every initializer was listed and is a constant).
+
+    A model listing every one of its initializers as an input lists its weights (an exporter's
+    legacy layout), not a state the caller carries from call to call: none is optional then.
     """
-    if model.ir_version < 4:
+    if model.ir_version < 4 or _weights_listed_as_inputs(model):
         return {}
     found = {}
     for value in model.graph.inputs:
@@ -132,14 +150,26 @@ def optional_inputs(model: ir.Model) -> dict[str, np.ndarray]:
     return found
 
 
+def _weights_listed_as_inputs(model: ir.Model) -> bool:
+    """Whether the model lists every initializer (more than one) among its inputs."""
+    inits = model.graph.initializers
+    listed = sum((v.name or "") in inits for v in model.graph.inputs)
+    return len(inits) > 1 and listed == len(inits)
+
+
 def _prepared(model: ir.Model, fixed: Mapping[str, tuple[int, ...]], precision: str) -> ir.Model:
     """The named, typed, optimized copy at static sizes; every value's shape inferred."""
     from ferry.optimizer import FixInputShapesPass, pipeline, rule_context
 
     work = prepare(model)
     # Inputs with a default are inputs of the file: drop the default, keep the input.
-    for name in optional_inputs(work):
+    optional = optional_inputs(work)
+    for name in optional:
         work.graph.initializers.pop(name).const_value = None
+    # Weights also listed as inputs (IR 3, legacy exporters) are constants: no longer inputs.
+    for value in list(work.graph.inputs):
+        if (value.name or "") in work.graph.initializers and value.name not in optional:
+            work.graph.inputs.remove(value)
     if fixed:
         FixInputShapesPass(fixed)(work)
     if precision != "int8":

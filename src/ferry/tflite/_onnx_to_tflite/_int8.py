@@ -415,13 +415,14 @@ class Int8Weights:
         if s_in is None or s_w is None:
             raise Unsupported("a float input or weights")
         scale = float(s_in.scale[0]) * s_w.scale.astype(np.float64)
-        scale = np.broadcast_to(scale, (array.size,))
-        ints = np.round(array.astype(np.float64) / scale)
+        ints = np.round(array.astype(np.float64) / np.broadcast_to(scale, (array.size,)))
+        # One scale per weight scale: XNNPACK refuses per-channel bias scales on per-tensor
+        # weights (a per-tensor QDQ model's).
         return cx.b.const(
             ints.astype(np.int32),
             name,
             ttype=INT32,
-            quant=_quant(scale, np.zeros(array.size, np.int64), 0),
+            quant=_quant(scale.reshape(-1), np.zeros(scale.size, np.int64), 0),
         )
 
     def operand(self, cx: Lowering, array: np.ndarray, name: str, value: ir.Value) -> int:

@@ -48,6 +48,7 @@ from ferry.tflite._onnx_to_tflite._int8 import (
 from ferry.tflite._onnx_to_tflite._layout import Perm, channels_last, identity, permute
 from ferry.tflite._onnx_to_tflite._ops_conv import OPS as CONV_OPS
 from ferry.tflite._onnx_to_tflite._ops_elementwise import OPS as ELEMENTWISE_OPS
+from ferry.tflite._onnx_to_tflite._ops_index import OPS as INDEX_OPS
 from ferry.tflite._onnx_to_tflite._ops_math import OPS as MATH_OPS
 from ferry.tflite._onnx_to_tflite._ops_rnn import OPS as RNN_OPS
 from ferry.tflite._onnx_to_tflite._ops_shape import OPS as SHAPE_OPS
@@ -81,6 +82,7 @@ TRANSLATORS: dict[str, Callable[[Lowering, ir.Node], None]] = {
     **CONV_OPS,
     **MATH_OPS,
     **RNN_OPS,
+    **INDEX_OPS,  # last: its Div takes integer division and hands the rest to ELEMENTWISE_OPS'
 }
 
 #: At most this many rounds of folding and inference in :func:`prepare_static`.
@@ -422,7 +424,7 @@ def static_inputs(
             declared = shape_of(value)
             if n in shapes or declared is None or all(isinstance(d, int) for d in declared[1:]):
                 continue
-            words = [str(d) if isinstance(d, int) else (d or "?").upper() for d in declared]
+            words = [_size_word(d, axis) for axis, d in enumerate(declared)]
             wanted.append(f"--shape {n}={','.join(['1', *words[1:]])}")
         raise InvalidInputError(
             "TFLite fixes every size but the batch at export: "
@@ -432,6 +434,15 @@ def static_inputs(
             + " with the capitals replaced by sizes (shapes= in Python)"
         )
     return fixed, batch
+
+
+def _size_word(dim: object, axis: int) -> str:
+    """A dim as the sizes hint writes it: its size, or a capitalized name to replace (a dim
+    without a usable name, ``?`` or none, is called after its axis)."""
+    if isinstance(dim, int):
+        return str(dim)
+    name = str(dim or "")
+    return name.upper() if name.isidentifier() else f"DIM{axis}"
 
 
 def infer_shapes(work: ir.Model) -> None:

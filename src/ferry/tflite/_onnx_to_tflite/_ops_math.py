@@ -312,28 +312,6 @@ def _argmax(opcode: str) -> Translator:
     return lower
 
 
-def _topk(cx: Lowering, node: ir.Node) -> None:
-    x = node.inputs[0]
-    if x is None:
-        raise Unsupported("the input is missing")
-    if not attr(node, "largest", 1):
-        raise Unsupported("largest=0")
-    k = cx.int_const(node.inputs[1] if len(node.inputs) > 1 else None, "TopK's k")[0]
-    rank = cx.rank(x)
-    axis = int(attr(node, "axis", -1)) % rank
-    perm = cx.perm(x)
-    if perm[-1] != axis:
-        perm = (*[p for p in perm if p != axis], axis)
-    values, indices = node.outputs[0], node.outputs[1]
-    idx_shape = permute(cx.shape(indices), perm)
-    idx32 = cx.temp(f"{indices.name}/i32", INT32, idx_shape)
-    cx.emit("TOPK_V2", [cx.get(x, perm), cx.ints([k], "k")], [cx.output(values, perm), idx32])
-    if cx.ttype(indices) == INT32:
-        cx.alias(indices, idx32, perm)
-    else:
-        cx.emit("CAST", [idx32], [cx.output(indices, perm)])
-
-
 OPS: dict[str, Translator] = {
     "Gemm": _gemm,
     "MatMul": _matmul,
@@ -346,5 +324,4 @@ OPS: dict[str, Translator] = {
     "LogSoftmax": _softmax("LOG_SOFTMAX"),
     "ArgMax": _argmax("ARG_MAX"),
     "ArgMin": _argmax("ARG_MIN"),
-    "TopK": _topk,
 }
