@@ -225,7 +225,7 @@ def test_a_missing_output_is_named() -> None:
 
 
 def test_every_kind_is_described() -> None:
-    assert set(JUDGE_KINDS) == {"top1", "cosine", "mask", "argmax_seq", "custom"}
+    assert set(JUDGE_KINDS) == {"top1", "cosine", "mask", "argmax_seq", "boxes", "labels", "custom"}
 
 
 # --------------------------------------------------------------------------------------------------
