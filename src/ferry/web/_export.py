@@ -15,7 +15,10 @@ Before -> After::
 
 The ops check runs first, against what onnxruntime-web's wasm build was measured to run
 (:mod:`ferry.web._ort_web_ops`): every node it lacks is listed at once and nothing is written.
-Then the bundle is built in a temporary folder beside ``out_dir`` and, unless ``verify=False``, its
+Unless ``verify=False``, the model then runs on ONNX Runtime (the reference). Declared shapes the
+graph contradicts, which onnxruntime-web refuses to load where ONNX Runtime only warns, are
+rewritten in the bundle's copy (:mod:`ferry.web._shapes`; the report names each). Then the bundle
+is built in a temporary folder beside ``out_dir`` and, unless ``verify=False``, its
 model is run in Node through the bundle's own ``ferry.js`` and ``ort/`` files against ONNX Runtime
 on the source model (onnxruntime-web runs in Node with the very wasm binary a browser gets). Only
 then does the folder move into place by rename: a failed export leaves ``out_dir`` as it was.
@@ -57,6 +60,7 @@ from ferry.web._npm import (
     run_in_node,
 )
 from ferry.web._ops import WebOpsCheck, check_web_ops
+from ferry.web._shapes import ShapeRepair, describe_repairs, repair_declared_shapes
 
 if TYPE_CHECKING:
     from ferry.optimizer.quantize import ImagePreprocessing
@@ -92,6 +96,7 @@ class WebExport:
     manifest: dict[str, Any]
     ops: WebOpsCheck
     verification: ParityReport | None
+    repairs: tuple[ShapeRepair, ...] = ()
 
     @property
     def index_html(self) -> Path:
@@ -108,6 +113,9 @@ class WebExport:
             f"{len(m['inputs'])} input(s), {len(m['outputs'])} output(s)",
             self.ops.summary(),
         ]
+        repaired = describe_repairs(self.repairs)
+        if repaired is not None:
+            out.append(repaired)
         if self.verification is not None:
             out.append(
                 "in Node (onnxruntime-web, wasm) vs ONNX Runtime: " + self.verification.summary()
@@ -143,8 +151,9 @@ def export_web(
             file. None: the page runs generated input.
         force: replace ``out_dir`` even if it holds other files.
         verify: run the bundle in Node against ONNX Runtime before publishing it.
-        samples: the input to verify on (``{name: array}``); None: random inputs that fit.
-        shapes: sizes of symbolic dims for the random inputs.
+        samples: the input to verify on (``{name: array}``); None: inputs found to run (sizes
+            the graph takes, ids within its tables).
+        shapes: sizes of symbolic dims for the found inputs.
         tolerance: ``(atol, rtol)``; None: :mod:`ferry.parity`'s per dtype.
 
     Raises:
@@ -161,9 +170,15 @@ def export_web(
     ops.raise_if_unsupported()
     pre = _preprocessing_dict(preprocessing, loaded)
     dist = ensure_onnxruntime_web(ort_version)
+    proto, source_ir = _model_proto(loaded, ops.max_ir_version)
+    reference: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None
+    if verify:
+        reference = _reference_run(loaded, proto, samples, shapes)
+    produced = {k: v.shape for k, v in reference[1].items()} if reference else None
+    repairs = repair_declared_shapes(proto, loaded, produced)
     staging = staging_dir(out)
     try:
-        model_info = _write_model(loaded, staging / MODEL_FILE, ops.max_ir_version)
+        model_info = _write_model(proto, source_ir, staging / MODEL_FILE)
         (staging / "ort").mkdir()
         for name in bundle_files(ort_version):
             shutil.copyfile(dist / name, staging / "ort" / name)
@@ -179,7 +194,9 @@ def export_web(
                 text = text.replace(key, value)
             (staging / asset).write_text(text, encoding="utf-8")
         specs = [spec_of(v) for v in graph_inputs(loaded)]
-        out_specs = [spec_of(v) for v in loaded.graph.outputs]
+        out_specs = [
+            spec_of(ir.serde.deserialize_value_info_proto(o, None)) for o in proto.graph.output
+        ]
         manifest: dict[str, Any] = {
             "format": BUNDLE_FORMAT,
             "ferry_version": __version__,
@@ -191,18 +208,32 @@ def export_web(
             "outputs": [s.to_dict() for s in out_specs],
             "preprocessing": pre,
             "ops_check": ops.to_dict(),
+            "shape_repairs": [],
             "verification": None,
         }
         _write_manifest(staging, manifest)
         verification = None
-        if verify:
-            verification = _verify(loaded, staging, samples, shapes, tolerance)
+        if reference is not None:
+            feeds, want = reference
+            try:
+                got = run_bundle_in_node(staging, feeds)
+            except ExecutionError as e:
+                if "ShapeInferenceError" not in str(e):
+                    raise
+                # onnxruntime-web's own inference (contrib ops ONNX's does not know) contradicts
+                # a declaration: leave every one inference could not confirm to the runtime.
+                repairs += repair_declared_shapes(proto, loaded, produced, drop_unconfirmed=True)
+                model_info = _write_model(proto, source_ir, staging / MODEL_FILE)
+                manifest["model"] = model_info
+                got = run_bundle_in_node(staging, feeds)
+            verification = compare_outputs(got, want, tolerance=tolerance, inputs=feeds)
             manifest["verification"] = verification.to_dict()
             if not verification.passed:
                 raise ConversionError(
                     f"the bundle's model does not compute in onnxruntime-web what it computes in "
                     f"ONNX Runtime, so nothing was written to {out}: {verification.summary()}"
                 )
+        manifest["shape_repairs"] = [r.to_dict() for r in repairs]
         files = sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file())
         manifest["files"] = {f: _sha256(staging / f) for f in files if f != MANIFEST_FILE}
         _write_manifest(staging, manifest)
@@ -211,7 +242,12 @@ def export_web(
         shutil.rmtree(staging, ignore_errors=True)
     logger.info("exported a web bundle into %s", out)
     return WebExport(
-        out_dir=out, files=tuple(files), manifest=manifest, ops=ops, verification=verification
+        out_dir=out,
+        files=tuple(files),
+        manifest=manifest,
+        ops=ops,
+        verification=verification,
+        repairs=tuple(repairs),
     )
 
 
@@ -234,8 +270,9 @@ def _check_out_dir(out: Path, force: bool) -> None:
         )
 
 
-def _write_model(model: ir.Model, path: Path, max_ir: int) -> dict[str, Any]:
-    """Save ``model`` with every weight inline, at an IR version onnxruntime-web loads.
+def _model_proto(model: ir.Model, max_ir: int) -> tuple[onnx.ModelProto, int]:
+    """The bundle's copy of ``model``: every weight inline, at an IR version onnxruntime-web
+    loads; and the IR version the source had.
 
     A page fetches one file: weights kept in external data files (read lazily from the source's
     folder) are read into the model file.
@@ -248,17 +285,21 @@ def _write_model(model: ir.Model, path: Path, max_ir: int) -> dict[str, Any]:
     }
     for base_dir in base_dirs:
         onnx.external_data_helper.load_external_data_for_model(proto, base_dir)
-    source_ir = proto.ir_version
-    if source_ir > max_ir:
-        # The writer stamps its newest IR version; the ops check has ensured the opsets load,
-        # and nothing an older IR lacks is used by opsets this runtime takes.
-        proto.ir_version = max_ir
     if proto.ByteSize() > _INLINE_LIMIT:
         raise InvalidInputError(
             f"the model is {proto.ByteSize() / 2**30:.1f} GiB: a browser bundle holds its "
             "weights in the one model file, which protobuf caps at 2 GiB; compress it first "
             "(`ferry quantize`)"
         )
+    source_ir = proto.ir_version
+    if source_ir > max_ir:
+        # The writer stamps its newest IR version; the ops check has ensured the opsets load,
+        # and nothing an older IR lacks is used by opsets this runtime takes.
+        proto.ir_version = max_ir
+    return proto, source_ir
+
+
+def _write_model(proto: onnx.ModelProto, source_ir: int, path: Path) -> dict[str, Any]:
     path.write_bytes(proto.SerializeToString())
     return {
         "file": path.name,
@@ -384,14 +425,14 @@ def run_bundle_in_node(
         return outputs
 
 
-def _verify(
+def _reference_run(
     model: ir.Model,
-    bundle: Path,
+    proto: onnx.ModelProto,
     samples: Mapping[str, Any] | None,
     shapes: Mapping[str, Sequence[int]] | None,
-    tolerance: Tolerance | None,
-) -> ParityReport:
-    """Run the staged bundle in Node and ONNX Runtime on the source model; compare."""
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The inputs to verify on and what ONNX Runtime computes from them on the bundle's copy of
+    the model (before its declared shapes are repaired: ONNX Runtime takes them)."""
     import onnxruntime as ort
 
     from ferry.backends import ORT_SILENT
@@ -407,13 +448,10 @@ def _verify(
     so.log_severity_level = ORT_SILENT
     try:
         session = ort.InferenceSession(
-            str(bundle / MODEL_FILE), so, providers=["CPUExecutionProvider"]
+            proto.SerializeToString(), so, providers=["CPUExecutionProvider"]
         )
         want = session.run(None, feeds)
     except Exception as e:  # ORT raises its own types from C++
         raise ExecutionError(f"ONNX Runtime cannot run the model to verify the bundle: {e}") from e
-    got = run_bundle_in_node(bundle, feeds)
     names = [o.name for o in session.get_outputs()]
-    return compare_outputs(
-        got, dict(zip(names, want, strict=True)), tolerance=tolerance, inputs=feeds
-    )
+    return feeds, dict(zip(names, want, strict=True))
