@@ -224,7 +224,16 @@ def export_tflite(
                 and (declared is None or not all(isinstance(d, int) for d in declared))
             ):
                 given[name] = tuple(np.shape(feeds_list[0][name]))
+    found_how = None
+    if not feeds_list and (verify or _open_dims(source, given)):
+        # No samples: inputs that run the model (sizes the graph allows, ids within its
+        # tables, masks of 0 and 1), found on ONNX Runtime; they fix the open sizes too.
+        feeds_list, found_how = _found_samples(source, given, defaults)
+        if feeds_list:
+            given.update(_sizes_to_fix(source, given, feeds_list[0]))
     lowered = lower_model(source, shapes=given or None, precision=precision, nhwc_io=nhwc_io)
+    if found_how:
+        lowered.notes.append(f"inputs found (no samples given): {found_how}")
     from ferry.tflite import write_tflite
 
     data = write_tflite(lowered.model)
@@ -266,6 +275,62 @@ def _samples(
     if not found:
         raise InvalidInputError("samples is empty; give one feed dict or more, or None")
     return found
+
+
+def _open_dims(source: Any, given: Mapping[str, Sequence[int]]) -> bool:
+    """Whether an input not sized in ``given`` has a symbolic dim after its first (the batch)."""
+    for value in graph_inputs(source):
+        declared = shape_of(value)
+        if (value.name or "") in given or declared is None:
+            continue
+        if any(not isinstance(d, int) for d in declared[1:]):
+            return True
+    return False
+
+
+def _found_samples(
+    source: Any, given: Mapping[str, Sequence[int]], defaults: Mapping[str, np.ndarray]
+) -> tuple[list[dict[str, np.ndarray]], str | None]:
+    """:data:`GENERATED_SAMPLES` samples that run the model (``ferry.runtime.found_inputs``),
+    at one set of sizes, and how they were found; none when nothing was found and every size
+    is fixed already (random samples at the export's sizes are made later). Inputs with a
+    default take it.
+
+    Raises:
+        InvalidInputError: an input's size is open and no size tried runs the model (the
+            message names the dims and the ``--shape`` that fixes them).
+    """
+    from ferry.runtime import found_inputs
+
+    try:
+        first = found_inputs(source, given or None)
+    except InvalidInputError:
+        if _open_dims(source, given):
+            raise
+        return [], None
+    samples = [first.feeds]
+    for seed in range(1, GENERATED_SAMPLES):
+        samples.append(found_inputs(source, first.shapes, seed=seed).feeds)
+    return [{**defaults, **feeds} for feeds in samples], first.how
+
+
+def _sizes_to_fix(
+    source: Any, given: Mapping[str, Sequence[int]], sample: Mapping[str, np.ndarray]
+) -> dict[str, tuple[int, ...]]:
+    """The sample's sizes of the inputs with symbolic dims that ``given`` leaves open; an input
+    whose only symbolic dim is a batch of 1 is left to the lowering (which reports it)."""
+    sizes = {}
+    for value in graph_inputs(source):
+        name = value.name or ""
+        declared = shape_of(value)
+        if name in given or name not in sample or declared is None:
+            continue
+        shape = tuple(int(d) for d in np.shape(sample[name]))
+        if all(isinstance(d, int) for d in declared[1:]) and shape[:1] == (1,):
+            continue
+        if any(not isinstance(d, int) for d in declared):
+            sizes[name] = shape
+    return sizes
 
 
 def _check_samples(lowered: Lowered, feeds_list: list[dict[str, np.ndarray]]) -> None:
