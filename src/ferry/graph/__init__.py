@@ -13,7 +13,11 @@ One helper per job, for every room to call rather than write again:
 - ``tensors(model)``: every tensor, subgraphs and functions included;
 - ``external_files(model)``: the external data files those tensors live in;
 - ``with_input_shapes(model, shapes)``: the model with its inputs fixed to concrete shapes;
-- ``flops(model)``: FLOPs (and MACs) of one inference.
+- ``flops(model)``: FLOPs (and MACs) of one inference;
+- ``reduced_precision(model)``: the quantization a model already holds (QDQ, dynamic int8,
+  QOperator, weight-only int8);
+- ``without_randomness(model)``: a copy whose random ops give their expected value, so that two
+  runs (two engines, a transformed copy) can be compared.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 from ferry.graph._dims import Dim, dim, dtype_name, graph_inputs, shape_of
 from ferry.graph._flops import FlopCount, flops
 from ferry.graph._load import load_model, model_source_path, resolve_model_file
+from ferry.graph._precision import INTEGER_WEIGHTS, ReducedPrecision, reduced_precision
 from ferry.graph._prepare import (
     InferTypesPass,
     infer_value_types,
@@ -29,6 +34,7 @@ from ferry.graph._prepare import (
     proto_shapes,
     symbolic_shape_inference,
 )
+from ferry.graph._random import RANDOM_OPS, random_nodes, without_randomness
 from ferry.graph._save import atomic_path, save_model
 from ferry.graph._shapes import with_input_shapes
 from ferry.graph._summary import ModelSummary, TensorInfo, summarize, tensor_info
@@ -36,10 +42,13 @@ from ferry.graph._tensors import constant, constant_tensor, external_files, tens
 from ferry.graph._walk import named_subgraphs, node_reads, subgraphs
 
 __all__ = [
+    "INTEGER_WEIGHTS",
+    "RANDOM_OPS",
     "Dim",
     "FlopCount",
     "InferTypesPass",
     "ModelSummary",
+    "ReducedPrecision",
     "TensorInfo",
     "atomic_path",
     "constant",
@@ -56,7 +65,9 @@ __all__ = [
     "named_subgraphs",
     "node_reads",
     "prepare",
+    "random_nodes",
     "proto_shapes",
+    "reduced_precision",
     "resolve_model_file",
     "save_model",
     "shape_of",
@@ -66,4 +77,5 @@ __all__ = [
     "tensor_info",
     "tensors",
     "with_input_shapes",
+    "without_randomness",
 ]
