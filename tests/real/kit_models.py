@@ -1,6 +1,6 @@
 """The real-model kit as the real tier sees it: where it is, each model's entry, inputs and judge.
 
-The kit (``tests/real/kit``: a copy of the project's shared kit) describes 18 trained models
+The kit (``tests/real/kit``: a copy of the project's shared kit) describes 23 trained models
 made by other people; ``scripts/fetch-kit.sh`` downloads them into ``$FERRY_KIT`` (default
 ``~/.cache/ferry-kit``). Each model's ``judge`` says how a transformed model is compared with the
 model's own runtime at the task (``ferry.parity.judge``).
@@ -37,6 +37,11 @@ def kit_ready() -> bool:
 def ids(*formats: str) -> list[str]:
     """Kit model ids, of the given formats (``onnx``, ``tflite``, ``paddle``...) or all."""
     return [m for m, e in MANIFEST.items() if not formats or e["format"] in formats]
+
+
+def tensor_ids() -> list[str]:
+    """Kit model ids of the tensor models: all but the generative ones (GGUF chat decoders)."""
+    return [m for m, e in MANIFEST.items() if e["format"] != "gguf"]
 
 
 def entry(model_id: str) -> dict[str, Any]:
@@ -108,12 +113,15 @@ def judged(
     want: Mapping[str, np.ndarray] | Iterable[np.ndarray],
     *,
     dequantize: Mapping[str, tuple[float, int]] | None = None,
+    budget: str | None = None,
 ) -> list[Judgement]:
     """Judge ``got`` (what ``verb`` gave) against the reference ``want`` as the kit says; fail
     naming what differs.
 
     ``want`` may be keyed by other names than ``got`` (a framework's own output names) or be a
-    sequence in ``got``'s order. Returns the verdicts (their scores go into the README's table).
+    sequence in ``got``'s order. ``budget`` (``"1%"``): a lossy verb's allowance, loosening a
+    cosine judge's threshold to 0.99 (agreement judges keep the kit's thresholds). Returns the
+    verdicts (their scores go into the README's table).
     """
     if not isinstance(want, Mapping) or set(want) != set(got):
         values = list(want.values()) if isinstance(want, Mapping) else list(want)
@@ -122,6 +130,8 @@ def judged(
         )
         want = dict(zip(got, values))
     spec = dict(entry(model_id)["judge"])
+    if budget is not None and spec["kind"] == "cosine":
+        spec["min"] = min(float(spec["min"]), 1.0 - float(budget.rstrip("%")) / 100)
     output = spec.get("output")
     if output is not None and output not in got:
         # The judged output by position, when a conversion renamed the outputs.

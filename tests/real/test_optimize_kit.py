@@ -20,7 +20,7 @@ import kit_models
 from ferry.cli.main import cli
 from ferry.optimizer import optimize
 
-ALL = kit_models.ids()
+ALL = kit_models.tensor_ids()  # the generative (GGUF) models have verbs of their own
 ONNX_OF = Callable[[str], Path]
 
 #: Nodes the extended level must at least remove (measured: a floor well under what it removes,

@@ -20,7 +20,7 @@ import ferry
 import kit_models
 from ferry.cli.main import cli
 
-ALL = kit_models.ids()
+ALL = kit_models.tensor_ids()  # the generative (GGUF) models have verbs of their own
 ONNX_OF = Callable[[str], Path]
 
 
