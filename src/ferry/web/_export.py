@@ -51,7 +51,7 @@ from ferry.errors import (
 )
 from ferry.graph import graph_inputs, load_model
 from ferry.parity import ParityReport, Tolerance, compare_outputs
-from ferry.runtime import random_feeds, spec_of
+from ferry.runtime import found_inputs, spec_of
 from ferry.web._npm import (
     ENTRY_MODULE,
     PINNED_ORT_WEB_VERSION,
@@ -89,6 +89,8 @@ class WebExport:
         manifest: ``manifest.json``'s content.
         ops: the ops check.
         verification: the Node run against ONNX Runtime; None when ``verify=False``.
+        repairs: declared shapes rewritten in the bundle's copy of the model.
+        inputs: how the inputs verified on were found (or that they were given).
     """
 
     out_dir: Path
@@ -97,6 +99,7 @@ class WebExport:
     ops: WebOpsCheck
     verification: ParityReport | None
     repairs: tuple[ShapeRepair, ...] = ()
+    inputs: str | None = None
 
     @property
     def index_html(self) -> Path:
@@ -120,6 +123,8 @@ class WebExport:
             out.append(
                 "in Node (onnxruntime-web, wasm) vs ONNX Runtime: " + self.verification.summary()
             )
+            if self.inputs:
+                out.append(f"verified on: {self.inputs}")
         out.append(
             f"open {self.index_html} through a web server, e.g. `ferry serve --web {self.out_dir}`"
         )
@@ -171,10 +176,8 @@ def export_web(
     pre = _preprocessing_dict(preprocessing, loaded)
     dist = ensure_onnxruntime_web(ort_version)
     proto, source_ir = _model_proto(loaded, ops.max_ir_version)
-    reference: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None
-    if verify:
-        reference = _reference_run(loaded, proto, samples, shapes)
-    produced = {k: v.shape for k, v in reference[1].items()} if reference else None
+    reference = _reference_run(loaded, proto, samples, shapes) if verify else None
+    produced = {k: v.shape for k, v in reference.want.items()} if reference else None
     repairs = repair_declared_shapes(proto, loaded, produced)
     staging = staging_dir(out)
     try:
@@ -214,7 +217,7 @@ def export_web(
         _write_manifest(staging, manifest)
         verification = None
         if reference is not None:
-            feeds, want = reference
+            feeds, want = reference.feeds, reference.want
             try:
                 got = run_bundle_in_node(staging, feeds)
             except ExecutionError as e:
@@ -227,7 +230,7 @@ def export_web(
                 manifest["model"] = model_info
                 got = run_bundle_in_node(staging, feeds)
             verification = compare_outputs(got, want, tolerance=tolerance, inputs=feeds)
-            manifest["verification"] = verification.to_dict()
+            manifest["verification"] = {**verification.to_dict(), "inputs": reference.how}
             if not verification.passed:
                 raise ConversionError(
                     f"the bundle's model does not compute in onnxruntime-web what it computes in "
@@ -248,6 +251,7 @@ def export_web(
         ops=ops,
         verification=verification,
         repairs=tuple(repairs),
+        inputs=reference.how if reference is not None else None,
     )
 
 
@@ -425,25 +429,39 @@ def run_bundle_in_node(
         return outputs
 
 
+@dataclasses.dataclass(frozen=True)
+class _Reference:
+    """The inputs the bundle is verified on, what ONNX Runtime computes from them, and how the
+    inputs were found."""
+
+    feeds: dict[str, np.ndarray]
+    want: dict[str, np.ndarray]
+    how: str
+
+
 def _reference_run(
     model: ir.Model,
     proto: onnx.ModelProto,
     samples: Mapping[str, Any] | None,
     shapes: Mapping[str, Sequence[int]] | None,
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+) -> _Reference:
     """The inputs to verify on and what ONNX Runtime computes from them on the bundle's copy of
     the model (before its declared shapes are repaired: ONNX Runtime takes them)."""
     import onnxruntime as ort
 
     from ferry.backends import ORT_SILENT
 
-    specs = [spec_of(v) for v in graph_inputs(model)]
     if samples is not None:
         from ferry.runtime import InputChecker
 
+        specs = [spec_of(v) for v in graph_inputs(model)]
         feeds = dict(InputChecker(specs).check(dict(samples)))
+        how = "the samples given"
     else:
-        feeds = random_feeds(specs, shapes, seed=0)
+        # Sizes the graph takes and ids within its tables, checked on ONNX Runtime: random
+        # sizes and ids fail on models that are fine (a text line's height, token types).
+        found = found_inputs(model, shapes)
+        feeds, how = found.feeds, found.how
     so = ort.SessionOptions()
     so.log_severity_level = ORT_SILENT
     try:
@@ -454,4 +472,4 @@ def _reference_run(
     except Exception as e:  # ORT raises its own types from C++
         raise ExecutionError(f"ONNX Runtime cannot run the model to verify the bundle: {e}") from e
     names = [o.name for o in session.get_outputs()]
-    return feeds, dict(zip(names, want, strict=True))
+    return _Reference(feeds, dict(zip(names, want, strict=True)), how)
