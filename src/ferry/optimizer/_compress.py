@@ -34,6 +34,7 @@ from ferry.errors import InvalidInputError
 from ferry.graph import atomic_path, load_model, save_model
 from ferry.optimizer._task import (
     budget_fraction,
+    judge_line,
     latency_before_after,
     metric_spec,
     model_bytes,
@@ -200,6 +201,8 @@ class CompressReport:
     rows: list[StageRow]
     #: How far apart two timings of the original fell (0.05: 5%); slower means beyond twice it.
     timing_noise: float = 0.0
+    #: The judge in words (``judge: top1 on 'prob' (...)``).
+    judge: str = ""
     #: Why the end result is refused (over budget or slower), or None.
     refused: str | None = None
     forced: bool = False
@@ -216,6 +219,7 @@ class CompressReport:
         out = [
             f"recipe {self.recipe}; judged by {self.metric} on {self.held_back} held-back of "
             f"{self.samples} samples; timed on {self.engine}",
+            *([self.judge] if self.judge else []),
             f"{'stage':<{width}}{'size':>10}{'MMACs':>10}{'ms':>9}{'orig ms':>9}{'speedup':>9}"
             f"{'score':>8}",
         ]
@@ -281,7 +285,8 @@ def compress(
         target: the engine the result is for: quantization follows its rules and every stage
             is timed on it (``onnxruntime``, ``openvino``, ``tensorrt``, ``tflite``,
             ``portable``; ONNX Runtime stands in for the last two).
-        metric: ``top1``, ``cosine`` (default), ``mask``, ``seq`` or ``module:function``.
+        metric: ``top1``, ``cosine``, ``mask``, ``seq`` or ``module:function``; None: the judge
+            the model's task calls for (:func:`ferry.parity.infer_judge`), named in the report.
         budget: how much of the metric the end result may lose against the original.
         seed: makes distillation repeatable.
         force: keep the end result even when refused.
@@ -297,11 +302,11 @@ def compress(
     if not stages:
         raise InvalidInputError("the recipe has no stages")
     least = 1.0 - budget_fraction(budget)
-    spec = metric_spec(metric, least)
     original = load_model(model)  # a path, an artifact, an ir.Model (as is) or a ModelProto
     reference = load(original)
     samples = load_samples(data, reference.inputs, preprocessing=preprocessing)
     want = [reference.run(dict(feed)) for feed in samples.held_back]
+    spec = metric_spec(metric, least, original, want[0])  # no metric: the task's, inferred
     feed = samples.held_back[0]
 
     # The original against itself: how far apart two timings of one model fall here, now. A
@@ -343,7 +348,8 @@ def compress(
         recipe=",".join(str(s) for s in stages),
         target=target,
         engine=engine,
-        metric=str(metric or "cosine"),
+        metric=str(metric or spec["kind"]),
+        judge=judge_line(spec),
         budget=1.0 - least,
         samples=len(samples.calibration) + len(samples.held_back),
         held_back=len(samples.held_back),

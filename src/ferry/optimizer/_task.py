@@ -18,11 +18,12 @@ import numpy as np
 import onnx_ir as ir
 
 from ferry.errors import BackendUnavailableError, FerryError, InvalidInputError
-from ferry.parity import judge
+from ferry.parity import infer_judge, judge
 
 __all__ = [
     "METRICS",
     "budget_fraction",
+    "judge_line",
     "latency_before_after",
     "metric_spec",
     "model_bytes",
@@ -52,8 +53,56 @@ def budget_fraction(budget: float | str) -> float:
     return value
 
 
-def metric_spec(metric: str | Callable[..., Any] | None, least: float) -> dict[str, Any]:
-    """The judge spec for ``metric`` whose score must reach ``least``."""
+def metric_spec(
+    metric: str | Callable[..., Any] | None,
+    least: float,
+    model: ir.Model | None = None,
+    outputs: Mapping[str, np.ndarray] | None = None,
+) -> dict[str, Any]:
+    """The judge spec for ``metric`` whose score must reach ``least``.
+
+    Args:
+        metric: ``top1``, ``cosine``, ``mask`` (``mask@THRESHOLD``), ``seq``, ``module:function``
+            or a callable; None: the judge ``model``'s task calls for
+            (:func:`ferry.parity.infer_judge`), each of its thresholds set to ``least``.
+        least: the least score that passes.
+        model: the original model, read when ``metric`` is None (without it: cosine).
+        outputs: its outputs on one held-back sample (their real shapes).
+
+    Returns:
+        A spec for :func:`task_score`, with ``"reason"``: the judge in words (see
+        :func:`judge_line`). An inferred judge of several outputs is
+        ``{"kind": "top1+cosine", "judges": [one spec per output], ...}``.
+    """
+    if metric is None and model is not None:
+        specs, reason = infer_judge(model, outputs)
+        specs = [_at_least(spec, least) for spec in specs]
+        kinds = "+".join(dict.fromkeys(spec["kind"] for spec in specs))
+        composite = specs[0] if len(specs) == 1 else {"kind": kinds, "judges": specs}
+        return {**composite, "reason": reason, "inferred": True}
+    spec = _named_metric(metric, least)
+    words = "cosine on every output" if metric is None else f"{spec['kind']} (--metric {metric})"
+    if callable(metric):
+        words = f"custom: {getattr(metric, '__name__', 'a function')} (--metric)"
+    return {**spec, "reason": words}
+
+
+def judge_line(spec: Mapping[str, Any]) -> str:
+    """``judge: argmax_seq on 'softmax_0' (a [1, 40, 6625] sequence: Softmax over 6625
+    classes); --metric overrides``: what a report prints about its judge."""
+    reason = spec.get("reason") or str(spec.get("kind"))
+    return f"judge: {reason}" + ("; --metric overrides" if spec.get("inferred") else "")
+
+
+#: The setting that holds each kind's threshold.
+_THRESHOLD_KEY = {"cosine": "min", "custom": "min"}
+
+
+def _at_least(spec: Mapping[str, Any], least: float) -> dict[str, Any]:
+    return {**spec, _THRESHOLD_KEY.get(str(spec["kind"]), "min_agreement"): least}
+
+
+def _named_metric(metric: str | Callable[..., Any] | None, least: float) -> dict[str, Any]:
     if metric is None or metric == "cosine":
         return {"kind": "cosine", "min": least}
     if callable(metric):
@@ -105,17 +154,28 @@ def task_score(
 def _worst(
     spec: Mapping[str, Any], got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]
 ) -> float:
+    """The lowest score of ``spec``'s judges: a spec naming its output judges that one (an
+    inferred judge: quantized and integer outputs too); one that does not, each float output."""
+    specs = spec.get("judges") or [spec]
     scores = []
-    for name in got:
-        g, w = np.asarray(got[name]), np.asarray(want[name])
-        if g.dtype.kind not in "f" or (
-            spec["kind"] in ("top1", "argmax_seq") and (g.ndim == 0 or g.shape[-1] < 2)
-        ):
+    for one in specs:
+        one = {k: v for k, v in one.items() if k not in ("reason", "inferred", "judges")}
+        if one.get("output") is not None:
+            try:
+                scores += [j.score for j in judge(one)(got, want)]
+            except FerryError as e:
+                logger.debug("output %s not judged by %s: %s", one["output"], one["kind"], e)
             continue
-        try:
-            scores += [j.score for j in judge({**spec, "output": name})({name: g}, {name: w})]
-        except FerryError as e:
-            logger.debug("output %s not judged by %s: %s", name, spec["kind"], e)
+        for name in got:
+            g, w = np.asarray(got[name]), np.asarray(want[name])
+            if g.dtype.kind not in "f" or (
+                one["kind"] in ("top1", "argmax_seq") and (g.ndim == 0 or g.shape[-1] < 2)
+            ):
+                continue
+            try:
+                scores += [j.score for j in judge({**one, "output": name})({name: g}, {name: w})]
+            except FerryError as e:
+                logger.debug("output %s not judged by %s: %s", name, one["kind"], e)
     return min(scores, default=1.0)
 
 
