@@ -122,7 +122,7 @@ def test_max_seconds_stops_after_the_current_epoch(
         threads=1,
     )
     assert result.report.epochs_run == 1
-    assert result.report.stopped is not None and "max_seconds" in result.report.stopped
+    assert result.report.stopped is not None and "time budget" in result.report.stopped
 
 
 def test_a_student_that_cannot_improve_is_returned_unchanged(

@@ -37,14 +37,34 @@ EXIT_UNCHANGED = 3
     "is held back for judging.",
 )
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--epochs", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option(
+    "--epochs",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Run exactly this many epochs. Default: until the held-back judge has not improved "
+    "for --patience epochs, at most 60 and --time-budget.",
+)
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option(
     "--lr",
     type=float,
-    default=1e-4,
+    default=None,
+    help="Adam's peak learning rate. Default: a tenth of the rate where the loss was lowest in "
+    "a short range test on the student and the data.",
+)
+@click.option(
+    "--patience",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Stop after this many epochs without a held-back gain (default: 8 without --epochs, "
+    "none with it).",
+)
+@click.option(
+    "--schedule",
+    type=click.Choice(["cosine", "constant"]),
+    default="cosine",
     show_default=True,
-    help="Adam's learning rate (a trained student: 1e-3 undid a pruned PP-LCNet in one epoch).",
+    help="cosine: warm-up, then a cosine decay of the rate; constant: the rate throughout.",
 )
 @click.option(
     "--temperature",
@@ -55,10 +75,13 @@ EXIT_UNCHANGED = 3
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
+    "--time-budget",
     "--max-seconds",
-    type=float,
+    "max_seconds",
+    type=click.FloatRange(min=0, min_open=True),
     default=None,
-    help="Stop before an epoch that would end past this time (at least one epoch runs).",
+    help="Seconds of training: stop before an epoch that would end past it (at least one "
+    "runs). Default: 300 without --epochs, none with it.",
 )
 @click.option(
     "--labels",
@@ -70,7 +93,7 @@ EXIT_UNCHANGED = 3
     "--threads",
     type=click.IntRange(min=1),
     default=None,
-    help="Training threads (default: torch's; 1 is fastest for small models on busy machines).",
+    help="Training threads (default: 1 where a training step is short, else torch's count).",
 )
 @image_data_options
 @click.option(
@@ -81,9 +104,11 @@ def command(
     student: Path,
     data: Path,
     output: Path,
-    epochs: int,
+    epochs: int | None,
     batch_size: int,
-    lr: float,
+    lr: float | None,
+    patience: int | None,
+    schedule: str,
     temperature: float,
     seed: int,
     max_seconds: float | None,
@@ -100,7 +125,10 @@ def command(
 
     The student trains in PyTorch on the KL divergence of the teacher's softened outputs (MSE
     for outputs that are not class scores); after each epoch it is judged against the teacher
-    on the held-back quarter of the data and the best epoch is kept. Its weights are written
+    on the held-back quarter of the data and the best epoch is kept. With no options the
+    learning rate comes from a short range test, the rate warms up then decays on a cosine, and
+    training stops when the held-back judge stops improving (or at 300 s); the report's plan
+    line says what was chosen and why, and --epochs/--lr are used as given. Its weights are written
     back into the student's own graph, which is checked in ONNX Runtime against the trained
     module. If no epoch improved the student, nothing is written and the exit status is 3. The
     report is saved beside OUTPUT (OUTPUT.distill.json).
@@ -109,7 +137,7 @@ def command(
     Examples:
       ferry distill --teacher model.onnx --student pruned.onnx --data calib.npz -o distilled.onnx
       ferry distill --teacher cls.onnx --student small.onnx --data photos/ --image-size 224x224 \\
-          --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225 -o small.distilled.onnx --epochs 10
+          --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225 -o small.distilled.onnx --time-budget 600
     """
     from ferry.optimizer.distill import distill
 
@@ -125,6 +153,8 @@ def command(
         epochs=epochs,
         batch_size=batch_size,
         lr=lr,
+        patience=patience,
+        schedule=schedule,
         temperature=temperature,
         seed=seed,
         max_seconds=max_seconds,

@@ -8,8 +8,10 @@ Before -> After::
 
 The teacher runs once per sample and its outputs are cached; the student becomes a torch module
 (``_onnx_to_torch``), trains with Adam on the distillation loss (``_train`` states the rule per
-output), and the best epoch on the held-back split is kept. A student that no epoch improved is
-handed back unchanged, and the report says why.
+output), and the best epoch on the held-back split is kept. Unless given, the learning rate comes
+from a short range test and training runs until the held-back judge stops improving, within a
+time budget (``_schedule`` states the rule). A student that no epoch improved is handed back
+unchanged, and the report says why.
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ class DistillReport:
         samples: the data, in words (training + held-back counts, source).
         outputs: per output, how it was distilled (``kl-probs``, ``kl-logits``, ``mse``).
         features: student tensor -> teacher tensor pairs matched with MSE.
-        epochs / epochs_run / best_epoch: asked, run, and the one kept (0: the input student).
+        epochs / epochs_run / best_epoch: asked (None: until the held-back judge stops
+            improving), run, and the one kept (0: the input student).
         loss_per_epoch: mean training loss of each epoch run.
         agreement_per_epoch / cosine_per_epoch: on the held-back split, the input first.
         agreement_before / agreement_after: top-1 agreement with the teacher (class outputs;
@@ -64,15 +67,18 @@ class DistillReport:
         seconds / seconds_per_epoch: wall time of the whole call and of one epoch on average.
         parity_max_abs: max abs difference between the exported ONNX (ONNX Runtime) and the
             trained torch module on the held-back inputs.
-        stopped: why training stopped early (``max_seconds``, a diverging loss), or None.
+        stopped: why training stopped early (no held-back gain for ``patience`` epochs, the
+            time budget, a diverging loss), or None.
         unchanged: why the input student was handed back, or None.
-        settings: lr, batch size, temperature, alpha, seed, threads.
+        settings: lr, batch size, temperature, alpha, seed, threads, schedule, patience, budget.
+        plan: the learning rate, schedule, epochs and stopping rule, each with how it was
+            chosen (``given`` where the caller gave it), in one line.
     """
 
     samples: str
     outputs: Mapping[str, str]
     features: Mapping[str, str]
-    epochs: int
+    epochs: int | None
     epochs_run: int
     best_epoch: int
     loss_per_epoch: tuple[float, ...]
@@ -91,6 +97,7 @@ class DistillReport:
     stopped: str | None
     unchanged: str | None
     settings: Mapping[str, Any]
+    plan: str = ""
 
     @property
     def improved(self) -> bool:
@@ -107,13 +114,32 @@ class DistillReport:
         def pct(v: float | None) -> str:
             return "-" if v is None else f"{100 * v:.2f}%"
 
+        most = self.settings.get("planned_epochs", self.epochs)
         out = [
             f"data: {self.samples}",
             "outputs: " + ", ".join(f"{k} ({v})" for k, v in self.outputs.items()),
-            f"epochs: {self.epochs_run} of {self.epochs} run, kept epoch {self.best_epoch}"
+            *([f"plan: {self.plan}"] if self.plan else []),
+            *(
+                [f"threads: {self.settings['threads']} ({self.settings['threads_chosen_by']})"]
+                if "threads_chosen_by" in self.settings
+                else []
+            ),
+            f"epochs: {self.epochs_run} of {'at most ' if self.epochs is None else ''}{most} run, "
+            f"kept epoch {self.best_epoch}"
             + (" (the input)" if self.best_epoch == 0 else "")
             + f"; {self.seconds:.1f} s ({self.seconds_per_epoch:.2f} s per epoch)",
-            "loss per epoch: " + ", ".join(f"{v:.4f}" for v in self.loss_per_epoch),
+            "loss per epoch: " + _series([f"{v:.4f}" for v in self.loss_per_epoch], 1),
+            "held-back "
+            + ("agreement" if self.agreement_per_epoch[0] is not None else "cosine")
+            + " per epoch (0: the input): "
+            + _series(
+                [
+                    pct(a) if a is not None else f"{c:.4f}"
+                    for a, c in zip(self.agreement_per_epoch, self.cosine_per_epoch, strict=True)
+                ],
+                0,
+                self.best_epoch,
+            ),
             f"held-back agreement with the teacher: {pct(self.agreement_before)} -> "
             f"{pct(self.agreement_after)}; cosine {self.cosine_before:.4f} -> "
             f"{self.cosine_after:.4f}",
@@ -130,6 +156,27 @@ class DistillReport:
         if self.unchanged:
             out.append(f"student returned unchanged: {self.unchanged}")
         return out
+
+
+def _series(values: Sequence[str], first: int, best: int | None = None) -> str:
+    """``values`` (numbered from ``first``) as ``n: v`` pairs; a long series keeps its first
+    three, every few in between, the best and the last."""
+    count = len(values)
+    if count <= 12:
+        keep = set(range(count))
+    else:
+        stride = max(count // 6, 1)
+        keep = {0, 1, 2, count - 1, *range(0, count, stride)}
+    if best is not None and 0 <= best - first < count:
+        keep.add(best - first)
+    parts, last = [], -1
+    for i in sorted(keep):
+        if last >= 0 and i > last + 1:
+            parts.append("...")
+        mark = " (best)" if best is not None and i + first == best else ""
+        parts.append(f"{i + first}: {values[i]}{mark}")
+        last = i
+    return ", ".join(parts)
 
 
 @dataclasses.dataclass
@@ -172,9 +219,9 @@ def distill(
     student: str | os.PathLike[str] | ir.Model | onnx.ModelProto,
     *,
     data: Any,
-    epochs: int = 5,
+    epochs: int | None = None,
     batch_size: int = 16,
-    lr: float = 1e-4,
+    lr: float | None = None,
     temperature: float = 4.0,
     alpha: float = 1.0,
     feature_pairs: Mapping[str, str] | None = None,
@@ -186,6 +233,8 @@ def distill(
     preprocessing: ImagePreprocessing | None = None,
     threads: int | None = None,
     progress: bool = True,
+    patience: int | None = None,
+    schedule: str = "cosine",
 ) -> DistillResult:
     """Train ``student`` to reproduce ``teacher``'s outputs on ``data`` (no labels needed).
 
@@ -197,16 +246,24 @@ def distill(
     input the input is returned unchanged. The trained weights are written into a copy of the
     student's graph, which is run in ONNX Runtime and compared with the torch module.
 
+    With no options, the learning rate comes from a short range test on the student and the
+    data, the rate warms up and then decays on a cosine, and training stops once the held-back
+    judge has not improved for 8 epochs, after at most 60 epochs or 300 s (the rule:
+    ``ferry.optimizer.distill._schedule``). The report's ``plan`` says what was chosen and why.
+
     Args:
         teacher: the reference model (file, ``ir.Model`` or ``ModelProto``); never modified.
         student: the model to train (e.g. a pruned copy of the teacher): same input names and
             output names as the teacher; never modified.
         data: the samples: a ``.npz``/``.npy`` file, a folder of images (with
             ``preprocessing``), or an iterable of feed dicts (what ``ferry quantize`` takes).
-        epochs: passes over the training split.
+        epochs: passes over the training split, all run (no early stop unless ``patience`` is
+            given). None: until the held-back judge stops improving (``patience``), at most as
+            many as fit ``max_seconds`` and 60.
         batch_size: samples per step.
-        lr: Adam's learning rate; the default suits a trained student (a pruned one): 1e-3
-            took a 30%-pruned PP-LCNet from 48% to 21% agreement in its first epoch.
+        lr: Adam's peak learning rate. None: a tenth of the rate where the loss was lowest in a
+            short range test (kept within [1e-5, 1e-2]); the held-back split still guards a
+            rate too high for a trained student (the best epoch is kept, or the input).
         temperature: softens both distributions in the KL term.
         alpha: weight of the output term.
         feature_pairs: student tensor name -> teacher tensor name, matched with MSE (through a
@@ -216,12 +273,19 @@ def distill(
             reported (held-back accuracy), never trained on.
         seed: seeds the shuffling and any projection's initial weights; the same seed, data and
             thread count give the same weights.
-        max_seconds: stop before an epoch that would end past this many seconds (judged by the
-            last epoch's time); at least one epoch runs.
+        max_seconds: the time budget of the training (the range test included): stop before an
+            epoch that would end past it (judged by the last epoch's time); at least one epoch
+            runs. None: 300 s when ``epochs`` is not given, else no limit.
         holdout: fraction of the samples held back for judging (never trained on).
         preprocessing: how a folder of images becomes the input.
-        threads: torch's intra-op threads during training (None: torch's current count).
+        threads: torch's intra-op threads during training. None: one, or torch's current count
+            where a training step timed here runs over 20% faster on it.
         progress: a progress bar on a terminal (log lines at INFO otherwise).
+        patience: stop after this many epochs without a gain on the held-back split (a higher
+            top-1 agreement, or cosine by over 1e-4). None: 8 when ``epochs`` is not given,
+            else never.
+        schedule: ``cosine`` (linear warm-up over 5% of the steps, at most an epoch, then a
+            cosine decay to a hundredth of the rate) or ``constant``.
 
     Raises:
         InvalidInputError: bad options, data that does not fit the models, teacher and student
@@ -231,8 +295,10 @@ def distill(
     """
     started = time.perf_counter()
     _check_options(epochs, batch_size, lr, temperature, alpha, feature_weight, max_seconds)
-    require_torch()
+    _check_schedule(patience, schedule)
+    torch = require_torch()
     from ferry.optimizer.distill import _onnx_to_torch as o2t
+    from ferry.optimizer.distill import _schedule as sc
     from ferry.optimizer.distill import _train as tr
     from ferry.runtime import load
 
@@ -296,17 +362,38 @@ def distill(
     with _deterministic(seed, threads) as used_threads:
         _check_shapes(task, batch)
         task.projections = tr.projections(task, tr._rows(train, slice(0, batch)))
-        trained = tr.train(
-            task,
+        threads_why = "given"
+        if threads is None:
+            used_threads, threads_why = sc.choose_threads(task, batch)
+            torch.set_num_threads(used_threads)
+        planning = time.perf_counter()
+        judged = tr.judge(task, batch, temperature, alpha, feature_weight)
+        plan = sc.plan(
+            task=task,
             epochs=epochs,
-            batch_size=batch,
             lr=lr,
+            patience=patience,
+            max_seconds=max_seconds,
+            schedule=schedule,
+            batch_size=batch,
             temperature=temperature,
             alpha=alpha,
             feature_weight=feature_weight,
             seed=seed,
-            max_seconds=max_seconds,
+            judge_seconds=time.perf_counter() - planning,
+        )
+        logger.info("distill plan: %s", plan.line())
+        trained = tr.train(
+            task,
+            plan=plan,
+            batch_size=batch,
+            temperature=temperature,
+            alpha=alpha,
+            feature_weight=feature_weight,
+            seed=seed,
             progress=progress,
+            judged=judged,
+            started=planning,
         )
         before, best = trained.judged[0], trained.judged[trained.best_epoch]
         unchanged: str | None = None
@@ -358,16 +445,22 @@ def distill(
         stopped=trained.stopped,
         unchanged=unchanged,
         settings={
-            "lr": lr,
+            "lr": plan.lr,
+            "lr_chosen_by": plan.lr_why,
+            "planned_epochs": plan.epochs,
+            "patience": plan.patience,
+            "schedule": plan.schedule,
             "batch_size": batch,
             "temperature": temperature,
             "alpha": alpha,
             "feature_weight": feature_weight,
             "seed": seed,
             "threads": used_threads,
+            "threads_chosen_by": threads_why,
             "holdout": holdout,
-            "max_seconds": max_seconds,
+            "max_seconds": plan.max_seconds,
         },
+        plan=plan.line(),
     )
     for line in report.lines():
         logger.info("%s", line)
@@ -375,20 +468,20 @@ def distill(
 
 
 def _check_options(
-    epochs: int,
+    epochs: int | None,
     batch_size: int,
-    lr: float,
+    lr: float | None,
     temperature: float,
     alpha: float,
     feature_weight: float,
     max_seconds: float | None,
 ) -> None:
     problems = []
-    if epochs < 1:
+    if epochs is not None and epochs < 1:
         problems.append(f"epochs must be >= 1, got {epochs}")
     if batch_size < 1:
         problems.append(f"batch_size must be >= 1, got {batch_size}")
-    if not lr > 0:
+    if lr is not None and not lr > 0:
         problems.append(f"lr must be > 0, got {lr}")
     if not temperature > 0:
         problems.append(f"temperature must be > 0, got {temperature}")
@@ -400,6 +493,17 @@ def _check_options(
         problems.append(f"max_seconds must be > 0, got {max_seconds}")
     if problems:
         raise InvalidInputError("distill: " + "; ".join(problems))
+
+
+def _check_schedule(patience: int | None, schedule: str) -> None:
+    from ferry.optimizer.distill._schedule import SCHEDULES
+
+    if patience is not None and patience < 1:
+        raise InvalidInputError(f"distill: patience must be >= 1 epoch, got {patience}")
+    if schedule not in SCHEDULES:
+        raise InvalidInputError(
+            f"distill: schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}"
+        )
 
 
 def _check_pair(teacher: ir.Model, module: Any) -> None:
