@@ -304,13 +304,17 @@ def test_latency_is_measured_at_real_sizes_or_not_at_all() -> None:
     assert measured.report.latency is not None and measured.report.latency.inputs == {
         "x": (2, 3, 8, 8)
     }
-    # A symbolic spatial dim has no size: nothing is timed at a guessed one.
+    # A symbolic spatial dim: timed at a size found by running the model (never skipped, so a
+    # slower result cannot slip through), and the report says which and how.
     proto = conv_bn()
     proto.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "H"
     proto.graph.output[0].type.tensor_type.shape.dim[1].dim_param = "F"
-    skipped = optimize(proto)
-    assert skipped.report.latency is not None and skipped.report.latency.skipped
-    assert "--shape" in skipped.report.latency.skipped
+    found = optimize(proto)
+    latency = found.report.latency
+    assert latency is not None and latency.skipped is None, latency
+    height = latency.inputs["x"][2]
+    assert f"x 2x3x{height}x8" in latency.summary() or f"x 1x3x{height}x8" in latency.summary()
+    assert "found by running the model" in latency.summary()
 
 
 def test_a_failing_pass_keeps_the_input(monkeypatch: pytest.MonkeyPatch) -> None:

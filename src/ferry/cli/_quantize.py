@@ -73,6 +73,13 @@ from ferry.errors import InvalidInputError
     is_flag=True,
     help="Calibrate on random data: tries the pipeline, the result means nothing.",
 )
+@click.option(
+    "--requantize",
+    is_flag=True,
+    help="MODEL is already quantized (QDQ, dynamic int8, int8 weights): quantize its "
+    "dequantized float graph, judged and timed against MODEL (without it such a MODEL is "
+    "refused).",
+)
 @click.option("--force", is_flag=True, help="Write the model even when refused.")
 @click.option(
     "--check", "check_only", is_flag=True, help="Only list where MODEL breaks --target's rules."
@@ -97,6 +104,7 @@ def command(
     std: str | None,
     scale: float,
     random: bool,
+    requantize: bool,
     force: bool,
     check_only: bool,
     report: str | None,
@@ -105,9 +113,10 @@ def command(
 
     The calibration data is split: three quarters calibrate, a quarter judges the result against
     the float model with --metric. Over budget, the nodes that add the most error are kept float
-    until it fits. The result is timed against MODEL on the target engine. Refused (over budget,
-    slower, or --random), nothing is written and the exit status is 3; --force writes it. The
-    report is saved beside OUTPUT (OUTPUT.quantize.json).
+    until it fits. The result is timed against MODEL on the target engine. Refused (nothing
+    quantized, over budget, slower, or --random), nothing is written and the exit status is 3;
+    --force writes it. A MODEL already quantized is refused unless --requantize. The report is
+    saved beside OUTPUT (OUTPUT.quantize.json).
 
     \b
     Examples:
@@ -115,6 +124,7 @@ def command(
       ferry quantize det.onnx -o det.int8.onnx --data pages/ --image-size 640x480 --mean 0.5 --std 0.5 --metric mask
       ferry quantize model.onnx -o model.int8.onnx --data calib.npz --target tensorrt
       ferry quantize model.onnx -o model.bf16.onnx --data calib.npz --precision bf16 --target openvino
+      ferry quantize model.qdq.onnx -o model.int8.onnx --data calib.npz --requantize
       ferry quantize model.int8.onnx --check --target tensorrt
     """
     from ferry.graph import load_model
@@ -150,13 +160,14 @@ def command(
         random=random,
         preprocessing=preprocessing,
         force=force,
+        requantize=requantize,
     )
     quiet = show_report(result.report, report, {"model": str(model), "output": str(output)})
     if not result.accepted:
         if not quiet:
-            console.print(
-                f"[bold red]not written[/]: {escape(result.report.refused or '')}. Use --force to write it anyway."
-            )
+            # --force writes a result made; a source refused before quantizing has none.
+            hint = " Use --force to write it anyway." if result.report.quantized else ""
+            console.print(f"[bold red]not written[/]: {escape(result.report.refused or '')}.{hint}")
         raise SystemExit(EXIT_REFUSED)
     written = result.save(output)
     if not quiet:

@@ -358,7 +358,12 @@ def compress(
         forced=force,
     )
     last = rows[-1]
-    if last.score < least:
+    if all(row.skipped for row in rows[1:]):
+        # Every stage handed its input on: writing it would label the input compressed.
+        report.refused = "no stage changed the model: " + "; ".join(
+            f"{row.stage}: {row.skipped}" for row in rows[1:]
+        )
+    elif last.score < least:
         report.refused = (
             f"the result scores {last.score:.4f} against the original, under {least:.4f} "
             f"(budget {report.budget:.1%})"

@@ -41,13 +41,15 @@ SLOWER_MIN_MS = 0.02
 
 @dataclasses.dataclass(frozen=True)
 class LatencyCheck:
-    """The model timed before and after on one engine, in one process, in alternating blocks."""
+    """The model timed before and after on one engine, in one process, in alternating blocks,
+    at ``inputs``' sizes (``how``: which, found how, when they were not given)."""
 
     engine: str
     before_ms: float | None = None
     after_ms: float | None = None
     inputs: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     skipped: str | None = None
+    how: str = ""
 
     @property
     def slower(self) -> bool:
@@ -66,9 +68,12 @@ class LatencyCheck:
             return f"latency not measured: {self.skipped}"
         assert self.before_ms is not None and self.after_ms is not None
         ratio = self.before_ms / self.after_ms if self.after_ms else float("inf")
+        sizes = ", ".join(
+            f"{k} {'x'.join(map(str, v)) or 'scalar'}" for k, v in self.inputs.items()
+        )
         return (
             f"latency on {self.engine}: {self.before_ms:.3f} ms -> {self.after_ms:.3f} ms "
-            f"({ratio:.2f}x)"
+            f"({ratio:.2f}x) at {self.how or sizes}"
         )
 
 
@@ -291,22 +296,28 @@ def _check(
     verify: bool,
     measure: bool,
 ) -> tuple[ParityReport, LatencyCheck | None]:
-    """Parity on ONNX Runtime (what the graph computes), latency on the target engine."""
-    from ferry.runtime import block_medians, load, random_feeds, timing_feeds
+    """Parity on ONNX Runtime (what the graph computes), latency on the target engine, both at
+    the given inputs or sizes, else at inputs found by running the model (never a guess: a
+    detector timed at a size it does not run at says nothing about it)."""
+    from ferry.runtime import block_medians, found_inputs, load, random_feeds
 
     reference = load(original)
     candidate = load(optimized)
+    how = ""  # the inputs given: their sizes say it
     if example_inputs is not None:
         feeds = dict(example_inputs)
         timed: dict[str, np.ndarray] | None = feeds
         why_not_timed = None
     else:
-        feeds = random_feeds(reference.inputs, shapes or None)
         try:
-            timed = timing_feeds(reference.inputs, shapes or None)
-            why_not_timed = None
+            found = found_inputs(original, shapes or None)
         except InvalidInputError as e:
+            feeds = random_feeds(reference.inputs, shapes or None)
             timed, why_not_timed = None, str(e)
+        else:
+            feeds = timed = found.feeds
+            why_not_timed = None
+            how = f"{found.how}, found by running the model" if found.how else ""
     parity = ParityReport(skipped="not asked (verify=False)")
     if verify:
         want = reference.run(feeds)
@@ -333,7 +344,7 @@ def _check(
 
     def timed_check() -> LatencyCheck:
         before, after = block_medians(runs, TIMING_BUDGET_S)
-        return LatencyCheck(engine, before * 1000, after * 1000, inputs)
+        return LatencyCheck(engine, before * 1000, after * 1000, inputs, how=how)
 
     check = timed_check()
     if check.slower:

@@ -29,7 +29,7 @@ from onnxscript.rewriter.pattern import RewriteRule
 from onnxscript.rewriter.rules.common import _materialize_reshape_shape, _no_op
 
 from ferry.errors import InvalidInputError
-from ferry.graph import with_input_shapes
+from ferry.graph import INTEGER_WEIGHTS, with_input_shapes
 from ferry.optimizer._rewrite import module_passes
 from ferry.optimizer.rules import LEVELS, TARGETS, RuleContext, rule_modules
 
@@ -114,11 +114,27 @@ def rule_context(
 #: A ConstantOfShape up to this many elements is folded (onnxscript keeps them all, so that a
 #: model does not grow; a small one is shape arithmetic, e.g. PyTorch's pads for F.pad).
 _SMALL_CONSTANT_OF_SHAPE = 1024
+#: An int8 constant up to this many elements widened by a Cast is folded (arithmetic on a few
+#: numbers, not a stored weight).
+_SMALL_INTEGER_CAST = 16
 
 
 def _should_fold(node: ir.Node) -> bool | None:
-    """Fold small ConstantOfShape nodes; leave every other choice to onnxscript (None)."""
-    if node.op_type != "ConstantOfShape" or node.domain not in ("", "ai.onnx"):
+    """Fold small ConstantOfShape nodes; keep stored reduced-precision weights as they are;
+    leave every other choice to onnxscript (None).
+
+    A DequantizeLinear of a constant is how a QDQ model hands an engine its int8 weight (folded,
+    the engine sees a float Conv and the model grows 4x); a Cast widening an int8 constant is a
+    weight-only int8 model's weight (folded, the model is no longer weight-only int8)."""
+    if node.domain not in ("", "ai.onnx"):
+        return None
+    if node.op_type == "DequantizeLinear":
+        return False
+    if node.op_type == "Cast" and node.inputs and node.inputs[0] is not None:
+        stored = node.inputs[0].const_value
+        if stored is not None and stored.dtype in INTEGER_WEIGHTS:
+            return stored.size <= _SMALL_INTEGER_CAST
+    if node.op_type != "ConstantOfShape":
         return None
     shape = node.inputs[0].const_value if node.inputs and node.inputs[0] is not None else None
     if shape is None:

@@ -4,7 +4,9 @@
 insertion), follows the target's rules (``_targets``: signedness, symmetry, per-channel axes,
 what must stay float; ``_check`` validates them), keeps the most sensitive nodes float until the result is within budget,
 and refuses a result that is over budget or slower, with the figures. ``check(model, target)``
-lists where a quantized model breaks a target's rules.
+lists where a quantized model breaks a target's rules. A source already quantized (QDQ, dynamic
+int8, int8 weights: ``ferry.graph.reduced_precision``) is refused unless ``requantize=True``, which
+quantizes ``dequantized(model)``: its float graph recovered.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from ferry.optimizer.quantize._check import (
     quantize_residual_inputs,
 )
 from ferry.optimizer.quantize._data import ImagePreprocessing, Samples, load_samples, split
+from ferry.optimizer.quantize._dequantize import dequantized
 from ferry.optimizer.quantize._quantize import (
     METHODS,
     METRICS,
@@ -43,6 +46,7 @@ __all__ = [
     "Scheme",
     "check",
     "check_summary",
+    "dequantized",
     "drop_graph_output_qdq",
     "load_samples",
     "ort_arguments",

@@ -77,7 +77,7 @@ class Samples:
     random: bool = False
 
     def describe(self) -> str:
-        what = "random data (the result means nothing)" if self.random else self.source
+        what = f"{self.source} (the result means nothing)" if self.random else self.source
         return f"{len(self.calibration)} calibration + {len(self.held_back)} held-back samples from {what}"
 
 

@@ -17,10 +17,8 @@ doubling how many each round.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import io
-import json
 import logging
 import os
 import tempfile
@@ -33,7 +31,7 @@ import onnx
 import onnx_ir as ir
 
 from ferry.errors import BackendUnavailableError, InvalidInputError
-from ferry.graph import atomic_path, load_model, save_model
+from ferry.graph import load_model, reduced_precision
 from ferry.optimizer._task import (
     METRICS,
     budget_fraction,
@@ -46,7 +44,9 @@ from ferry.optimizer._task import (
 from ferry.optimizer.quantize._bf16 import to_bf16, upgrade_opset
 from ferry.optimizer.quantize._check import quantize_residual_inputs
 from ferry.optimizer.quantize._data import ImagePreprocessing, Samples, load_samples, split
+from ferry.optimizer.quantize._dequantize import dequantized
 from ferry.optimizer.quantize._mse import write_mse_ranges
+from ferry.optimizer.quantize._report import QuantizeReport, QuantizeResult
 from ferry.optimizer.quantize._targets import (
     TARGETS,
     Scheme,
@@ -67,6 +67,9 @@ PRECISIONS = ("int8", "fp16", "bf16")
 _BF16_TARGETS = ("openvino", "tensorrt")
 #: Ops static quantization touches (ONNX Runtime's QDQ quantizer places the rest by them).
 _WEIGHTED = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
+#: Ops dynamic quantization touches: MatMulInteger and the recurrent ops; ConvInteger has no
+#: fast kernel on most CPUs.
+_DYNAMIC_OPS = {"MatMul", "Gemm", "LSTM", "GRU", "Attention"}
 #: Rounds of the accuracy loop (1, 2, 4, ... nodes kept float).
 _MAX_ROUNDS = 7
 #: Ops fp16 and bf16 keep in fp32: reductions and exponentials whose sums overflow half or lose
@@ -76,120 +79,6 @@ _FP16_KEEP = [
     "Exp", "Log", "Pow", "Sqrt", "Reciprocal", "Div", "LayerNormalization", "InstanceNormalization",
     "Resize", "Range", "CumSum", "TopK", "NonMaxSuppression", "Erf",
 ]  # fmt: skip
-
-
-@dataclasses.dataclass(frozen=True)
-class QuantizeReport:
-    """What quantizing did, measured.
-
-    Attributes:
-        target / precision / method / scheme: what was asked and how the target wants it.
-        samples: the calibration data, in words.
-        metric: the judge (spec) and ``score_before`` (1: the float model against itself) /
-            ``score_after`` on the held-back samples; ``budget``: the least score allowed.
-        latency_before_ms / latency_after_ms / engine: timed on the target engine at the
-            samples' sizes (None with ``latency_skipped`` saying why).
-        bytes_before / bytes_after: the serialized models.
-        quantized: nodes that run quantized (int8, or fp16/bf16); ``kept_float``: nodes the loop returned to float.
-        chosen: where activations were quantized (``inputs`` or ``inputs+outputs``) with which
-            calibration and, where candidates were compared on the target engine, each one's
-            latency and score.
-        refused: why the input was kept (over budget, slower); ``forced``: kept anyway.
-    """
-
-    target: str
-    precision: str
-    method: str
-    scheme: str
-    samples: str
-    metric: Mapping[str, Any]
-    budget: float
-    score_before: float
-    score_after: float
-    engine: str
-    latency_before_ms: float | None
-    latency_after_ms: float | None
-    latency_skipped: str | None
-    bytes_before: int
-    bytes_after: int
-    quantized: tuple[str, ...]
-    kept_float: tuple[str, ...]
-    rounds: int
-    chosen: str = ""
-    refused: str | None = None
-    forced: bool = False
-
-    @property
-    def speedup(self) -> float | None:
-        if not self.latency_before_ms or not self.latency_after_ms:
-            return None
-        return self.latency_before_ms / self.latency_after_ms
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["metric"] = {k: v for k, v in self.metric.items() if k != "function"}
-        d["speedup"] = self.speedup
-        return d
-
-    def lines(self) -> list[str]:
-        """The report in words, for the CLI."""
-        out = [
-            f"{self.precision} for {self.target} ({self.scheme}"
-            + (f"; {self.method} calibration)" if self.method != "-" else ")"),
-            f"data: {self.samples}",
-            f"{self.metric.get('kind')}: {self.score_before:.4f} -> {self.score_after:.4f} "
-            f"(budget: at least {self.budget:.4f})",
-        ]
-        if self.latency_skipped:
-            out.append(f"latency not measured: {self.latency_skipped}")
-        elif self.latency_before_ms is not None and self.latency_after_ms is not None:
-            out.append(
-                f"latency on {self.engine}: {self.latency_before_ms:.3f} ms -> "
-                f"{self.latency_after_ms:.3f} ms ({self.speedup:.2f}x)"
-            )
-        out.append(f"size: {self.bytes_before / 1e6:.2f} MB -> {self.bytes_after / 1e6:.2f} MB")
-        if self.chosen:
-            out.append(f"Q/DQ placement: {self.chosen}")
-        out.append(f"nodes quantized: {len(self.quantized)}; kept float: {len(self.kept_float)}")
-        if self.kept_float:
-            out.append(
-                "kept float: "
-                + ", ".join(self.kept_float[:12])
-                + (" ..." if len(self.kept_float) > 12 else "")
-            )
-        return out
-
-
-@dataclasses.dataclass
-class QuantizeResult:
-    """The outcome of :func:`quantize`: ``model`` (the input itself when refused and not forced)
-    and ``report``."""
-
-    model: ir.Model
-    report: QuantizeReport
-
-    @property
-    def accepted(self) -> bool:
-        return self.report.refused is None or self.report.forced
-
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the model atomically, and the report as JSON beside it (``OUT.quantize.json``;
-        in an artifact folder, ``ferry.json``'s ``"quantization"``)."""
-        out = save_model(self.model, path)
-        report = self.report.to_dict()
-        artifact = out.parent / "ferry.json"
-        if out.name == "model.onnx" and artifact.is_file():
-            try:
-                data = json.loads(artifact.read_text(encoding="utf-8"))
-            except ValueError:
-                data = {}
-            data["quantization"] = report
-            target = artifact
-        else:
-            data, target = report, out.with_suffix(".quantize.json")
-        with atomic_path(target) as tmp:
-            tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        return out
 
 
 def quantize(
@@ -206,6 +95,7 @@ def quantize(
     random: bool = False,
     preprocessing: ImagePreprocessing | None = None,
     force: bool = False,
+    requantize: bool = False,
 ) -> QuantizeResult:
     """Quantize ``model`` for ``target``, keep its most sensitive nodes float until it is within
     ``budget`` on held-back data, and time it on the target engine.
@@ -232,6 +122,11 @@ def quantize(
             the report says so.
         preprocessing: how a folder of images becomes the input.
         force: keep the quantized model even when refused.
+        requantize: for a source already quantized (QDQ, dynamic int8, weight-only int8):
+            quantize its dequantized float graph (weights dequantized, activation Q/DQ dropped),
+            judged and timed against the source as given. Without it such a source is refused:
+            quantizing quantized ops again would round twice or make a model ONNX Runtime
+            cannot run.
 
     Raises:
         InvalidInputError: unknown option values, no data, data that does not fit the model.
@@ -257,20 +152,30 @@ def quantize(
     least = 1.0 - budget_fraction(budget)
     spec = metric_spec(metric, least)
     original = load_model(model)
+    held = reduced_precision(original)
+    source_words = held.describe() if held else ""
+    if held and not requantize:
+        return _refused_source(original, held.describe(), target, precision, spec, least)
     reference = load(original)
-    samples = _samples(data, random, reference.inputs, preprocessing)
+    samples = _samples(data, random, original, reference.inputs, preprocessing)
     want = [reference.run(feed) for feed in samples.held_back]
+    # What is quantized: the source's float computation (the source itself when it is float);
+    # judged and timed against the source as the user has it.
+    floating = original
+    if held:
+        floating, how = dequantized(original)
+        source_words += f"; {how}"
 
     quantized_nodes: tuple[str, ...] = ()
     kept: list[str] = []
     rounds = 0
     chosen = ""
     if precision == "fp16":
-        work, description = _fp16(original), "fp16, sensitive ops fp32"
+        work, description = _fp16(floating), "fp16, sensitive ops fp32"
         score = task_score(work, samples.held_back, want, spec)
         quantized_nodes = _computing_in(work, ir.DataType.FLOAT16)
     elif precision == "bf16":
-        work, count = to_bf16(_prepared(original), _FP16_KEEP)
+        work, count = to_bf16(_prepared(floating), _FP16_KEEP)
         description = f"bf16 ({count} nodes), sensitive ops fp32"
         # ONNX Runtime cannot run it: judged where it runs (OpenVINO stands in for TensorRT).
         score = task_score(work, samples.held_back, want, spec, engine="openvino")
@@ -280,7 +185,7 @@ def quantize(
         description = ("dynamic " if dynamic else "") + the_scheme.describe()
         with tempfile.TemporaryDirectory(prefix="ferry-quantize-") as tmp:
             source = Path(tmp) / "float.onnx"
-            prepared = _prepared(original)  # node names as the quantizer sees them
+            prepared = _prepared(floating)  # node names as the quantizer sees them
             onnx.save(ir.to_proto(prepared), source)
             quantizer = _Quantizer(
                 source,
@@ -315,12 +220,28 @@ def quantize(
         quantized_nodes = tuple(_quantized_nodes(work))
         method = quantizer.method
 
-    engine, before, after, skipped = latency_before_after(
-        original, work, target, samples.held_back[0]
-    )
+    quantizable = _quantizable(floating, precision, dynamic)
+    timed = samples.held_back[0]
+    if quantized_nodes:
+        engine, before, after, skipped = latency_before_after(original, work, target, timed)
+    else:  # nothing to time: the result computes as the float model does
+        engine, before, after = timing_engine(target), None, None
+        skipped = "nothing was quantized"
     refused = None
     if samples.random:
         refused = "calibrated on random data: the accuracy figures mean nothing (give real data)"
+    elif not quantized_nodes:
+        refused = (
+            f"nothing was quantized (nodes quantized: 0 of {quantizable}; kept float: "
+            f"{len(kept)}; {spec['kind']} {score:.4f}, budget {least:.4f}): the result would be "
+            f"the float model labelled {precision}"
+            + (
+                "; every node was kept float to stay within the budget: a wider --budget, "
+                "another --metric or --method, or more --data may leave some quantized"
+                if kept
+                else ""
+            )
+        )
     elif score < least:
         refused = (
             f"{spec['kind']} {score:.4f} is under the budget's {least:.4f} even with "
@@ -350,14 +271,76 @@ def quantize(
         chosen=chosen,
         refused=refused,
         forced=force and refused is not None,
+        source=source_words,
+        quantizable=quantizable,
+        timed_at=_sizes(timed) + " (the data's sizes)",
     )
     if refused is not None and not force:
         return QuantizeResult(original, report)
     return QuantizeResult(work, report)
 
 
+def _refused_source(
+    original: ir.Model,
+    held: str,
+    target: str,
+    precision: str,
+    spec: Mapping[str, Any],
+    least: float,
+) -> QuantizeResult:
+    """The refusal of a source already quantized, before any data is read."""
+    refused = (
+        f"the model is already quantized: {held}. Quantizing it again would quantize "
+        "quantized ops (rounding twice, or a model ONNX Runtime cannot run). Give "
+        "--requantize to quantize its dequantized float graph instead (judged and timed "
+        "against this model), or quantize its float original"
+    )
+    report = QuantizeReport(
+        target=target,
+        precision=precision,
+        method="-",
+        scheme="-",
+        samples="not read",
+        metric=spec,
+        budget=least,
+        score_before=1.0,
+        score_after=float("nan"),
+        engine=timing_engine(target),
+        latency_before_ms=None,
+        latency_after_ms=None,
+        latency_skipped="refused before quantizing",
+        bytes_before=model_bytes(original),
+        bytes_after=model_bytes(original),
+        quantized=(),
+        kept_float=(),
+        rounds=0,
+        refused=refused,
+        source=held,
+    )
+    # Not forced even with --force: nothing was made to write.
+    return QuantizeResult(original, report)
+
+
+def _quantizable(model: ir.Model, precision: str, dynamic: bool) -> int:
+    """Nodes ``precision`` could quantize in ``model``: weighted ops for int8 (the dynamic
+    quantizer's for dynamic), every computing node for fp16/bf16."""
+    if precision != "int8":
+        return sum(node.op_type != "Cast" for node in model.graph)
+    ops = _DYNAMIC_OPS if dynamic else _WEIGHTED
+    return sum(node.op_type in ops for node in model.graph)
+
+
+def _sizes(feed: Mapping[str, np.ndarray]) -> str:
+    """``x 1x3x48x320, mask 1x32``: the sizes a feed times the model at."""
+    return ", ".join(f"{k} {'x'.join(map(str, np.shape(v))) or 'scalar'}" for k, v in feed.items())
+
+
 def _samples(
-    data: Any, random: bool, inputs: Sequence[Any], preprocessing: ImagePreprocessing | None
+    data: Any,
+    random: bool,
+    model: ir.Model,
+    inputs: Sequence[Any],
+    preprocessing: ImagePreprocessing | None,
 ) -> Samples:
     if data is not None:
         if random:
@@ -368,11 +351,13 @@ def _samples(
             "quantization needs calibration data (--data: a .npz, .npy or a folder of images): "
             "ranges calibrated on anything else mean nothing. --random only tries the pipeline"
         )
-    from ferry.runtime import timing_feeds
+    from ferry.runtime import found_inputs
 
     logger.warning("calibrating on RANDOM data: the quantized model's accuracy means nothing")
-    feeds = [timing_feeds(inputs, seed=i) for i in range(8)]
-    return split(feeds, "random data", random=True)
+    # At sizes the model runs at (found by running it), with ids inside the tables they index.
+    found = found_inputs(model)
+    feeds = [found_inputs(model, found.shapes, seed=i).feeds for i in range(8)]
+    return split(feeds, f"random data at {found.how}", random=True)
 
 
 def _choose(
@@ -497,8 +482,7 @@ class _Quantizer:
                 weight_type=arguments["weight_type"],
                 per_channel=arguments.get("per_channel", False),
                 nodes_to_exclude=keep_float,
-                # MatMulInteger and the recurrent ops; ConvInteger has no fast kernel on most CPUs.
-                op_types_to_quantize=["MatMul", "Gemm", "LSTM", "GRU", "Attention"],
+                op_types_to_quantize=sorted(_DYNAMIC_OPS),
             )
             return ir.load(out)
 
