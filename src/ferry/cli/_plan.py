@@ -303,6 +303,8 @@ def _print_auto(choice: Any) -> None:
         f"auto: {how} at {escape(at) or 'no inputs'}; speedup vs ONNX Runtime fp32, "
         "accuracy: the worst judge score against it"
     )
+    if choice.judge:
+        console.print(f"auto: {escape(choice.judge)}")
     console.print(table)
     for row in choice.table:
         if row["error"]:

@@ -12,8 +12,13 @@ any other symbolic dim without a size is an error asking for it: a 640x640 detec
 few pixels says nothing about the detector.
 
 How it judges: each candidate runs once on the inputs and is judged against the baseline's
-outputs with :func:`ferry.parity.within_budget` (default :data:`ferry.parity.DEFAULT_BUDGET`:
-cosine >= 0.999 and argmax agreement >= 99%). Then all run in alternating blocks of calls (one
+outputs with :func:`ferry.parity.within_budget`. With no budget given: a float source by
+:data:`ferry.parity.DEFAULT_BUDGET` (cosine >= 0.999 and argmax agreement >= 99%: engines
+computing the same float function should agree in the numbers); a source already reduced in
+precision (QDQ, dynamic or weight-only int8) at its task (:func:`ferry.parity.infer_judge`: a
+classifier's top-1, a recognizer's sequence...), since two engines' int8 kernels round
+differently (OpenVINO's int8 of a QDQ ResNet-50 is cosine 0.995 from ONNX Runtime's, with the same
+top-1, and 3.9x faster). Then all run in alternating blocks of calls (one
 engine's spinning worker threads would otherwise slow the next engine's call). The fastest within
 budget wins; among those within :data:`TIE` of it, the baseline, then fp32, then the fewest
 partitions (equal speed is not worth a lower precision or a boundary). The choice and the table are
@@ -37,8 +42,8 @@ import onnx_ir as ir
 
 from ferry.backends import FALLBACK, get_backend, known_backends, place
 from ferry.errors import FerryError
-from ferry.graph import graph_inputs
-from ferry.parity import DEFAULT_BUDGET, Budget, BudgetVerdict, within_budget
+from ferry.graph import ReducedPrecision, graph_inputs, reduced_precision
+from ferry.parity import DEFAULT_BUDGET, Budget, BudgetVerdict, infer_judge, within_budget
 from ferry.plan import Plan
 from ferry.runtime._measure import (
     alone_session,
@@ -120,6 +125,7 @@ class AutoChoice:
         cache_path: where the choice and table are saved (None: not cached).
         session: the chosen candidate's Session, built and timed here: ``load`` returns it
             rather than compiling the plan again (None when the choice came from the cache).
+        judge: how the candidates were judged, in words (``judge: top1 on 'prob' (...)``).
     """
 
     plan: Plan
@@ -131,6 +137,7 @@ class AutoChoice:
     from_cache: bool = False
     cache_path: Path | None = None
     session: Session | None = dataclasses.field(default=None, repr=False, compare=False)
+    judge: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -138,6 +145,7 @@ class AutoChoice:
             "from_cache": self.from_cache,
             "inputs": self.inputs,
             "random_inputs": self.random_inputs,
+            "judge": self.judge,
             "plan": self.plan.to_dict(),
             "candidates": self.table,
         }
@@ -167,7 +175,9 @@ def auto_plan(
         backends: engines to consider; None: every known backend available here that is not
             simulated.
         accuracy: the budget against ONNX Runtime fp32 (judge specs or a function, see
-            :func:`ferry.parity.within_budget`); None: :data:`ferry.parity.DEFAULT_BUDGET`.
+            :func:`ferry.parity.within_budget`); None: :data:`ferry.parity.DEFAULT_BUDGET` for a
+            float source, the task's judge (:func:`ferry.parity.infer_judge`) for a source
+            already reduced in precision.
         exact: consider fp32 only.
         precision: consider only this precision (ONNX Runtime fp32 stays as the baseline).
         budget_s: rough bound on the time spent timing calls (compiling comes on top).
@@ -191,7 +201,9 @@ def auto_plan(
     names = auto_engines(backends)
     specs = [spec_of(v) for v in graph_inputs(model)]
     inputs = dict(feeds) if feeds is not None else timing_feeds(specs, shapes)
-    key = _cache_key(model, names, inputs, feeds is None, accuracy, exact, precision, threads)
+    reduced = reduced_precision(model) if accuracy is None else None
+    judged: Any = accuracy if not reduced else _TASK_JUDGE
+    key = _cache_key(model, names, inputs, feeds is None, judged, exact, precision, threads)
     path = verdicts_dir() / f"{key}.json" if cache else None
     if path is not None and not remeasure:
         cached = _read_cache(path)
@@ -200,10 +212,11 @@ def auto_plan(
     # Built only now: a choice read from the cache needs no session here (``load`` builds it).
     baseline = alone_session(model, threads=threads, source_path=source_path, cache_dir=cache_dir)
     expected = baseline.run(dict(inputs))
+    budget, judge = _budget(model, expected, accuracy, reduced)
     candidates = _candidates(model, names, exact=exact, precision=precision)
     # Each candidate is built once: timed here, and the chosen one is the session returned.
     sessions: list[tuple[Candidate, Session]] = [(candidates[0], baseline)]
-    candidates[0].accuracy = within_budget(expected, expected, accuracy)
+    candidates[0].accuracy = within_budget(expected, expected, budget)
     for candidate in candidates[1:]:
         start = time.perf_counter()
         try:
@@ -215,7 +228,7 @@ def auto_plan(
             candidate.error = str(e)
             continue
         candidate.load_s = time.perf_counter() - start
-        candidate.accuracy = within_budget(got, expected, accuracy)
+        candidate.accuracy = within_budget(got, expected, budget)
         sessions.append((candidate, session))
     time_in_blocks(sessions, inputs, budget_s)
     best = choose(candidates)
@@ -229,10 +242,37 @@ def auto_plan(
         random_inputs=feeds is None,
         cache_path=path,
         session=next(s for c, s in sessions if c is best),
+        judge=judge,
     )
     if path is not None:
         _write_cache(path, choice)
     return choice
+
+
+#: The cache key's budget for a reduced-precision source judged at its task (the judge itself is
+#: a function of the model, which the key already holds).
+_TASK_JUDGE = ({"judge": "the task's, inferred (a reduced-precision source)"},)
+
+
+def _budget(
+    model: ir.Model,
+    expected: Mapping[str, np.ndarray],
+    accuracy: Budget | None,
+    reduced: ReducedPrecision | None,
+) -> tuple[Budget, str]:
+    """The budget the candidates are judged by, and the judge in words for the table."""
+    if accuracy is not None:
+        return accuracy, "judge: the accuracy budget given"
+    if not reduced:
+        return DEFAULT_BUDGET, (
+            "judge: cosine >= 0.999 and argmax agreement >= 99% on every output (a float "
+            "source: engines computing it should agree in the numbers)"
+        )
+    specs, reason = infer_judge(model, expected)
+    return specs, (
+        f"judge: {reason} (a {' and '.join(reduced.kinds)} source: engines round its integers "
+        "differently, so it is judged at the task; --accuracy overrides)"
+    )
 
 
 def choose(candidates: Sequence[Candidate]) -> Candidate:
@@ -358,10 +398,11 @@ def _read_cache(path: Path) -> AutoChoice | None:
         table = list(data["candidates"])
         inputs = dict(data["inputs"])
         random_inputs = bool(data.get("random_inputs", False))
+        judge = str(data.get("judge", ""))
     except (OSError, ValueError, KeyError, TypeError, FerryError):
         return None
     logger.info("auto: using the cached choice %s (%s)", label, path)
-    return AutoChoice(plan, label, [], table, inputs, random_inputs, True, path)
+    return AutoChoice(plan, label, [], table, inputs, random_inputs, True, path, judge=judge)
 
 
 def _write_cache(path: Path, choice: AutoChoice) -> None:
