@@ -214,10 +214,12 @@ def _image_model(folder: Path) -> Path:
     return path
 
 
-def test_auto_asks_for_sizes_then_measures_at_them(tmp_path: Path) -> None:
+def test_auto_finds_sizes_or_measures_at_those_given(tmp_path: Path) -> None:
     path = _image_model(tmp_path / "artifact")
-    code, _, err = ferry_cli("plan", path, "--backends", "auto", "--budget", "0.2")
-    assert code == 2 and "x dims 2, 3" in err and "--shape" in err and "Traceback" not in err
+    # No sizes given: auto measures at sizes found to run, and says which (issue 31).
+    code, out, err = ferry_cli("plan", path, "--backends", "auto", "--budget", "0.2")
+    assert code == 0, err
+    assert "inputs: x 1x3x224x224" in out and "at x=1x3x224x224" in out
     code, out, err = ferry_cli(
         "plan", path, "--backends", "auto", "--budget", "0.2", "--shape", "x=1,3,64,48", "--json"
     )

@@ -82,7 +82,7 @@ def test_minus_one_and_question_marks_are_open_dims(tmp_path: Path) -> None:
 
 
 def test_a_failure_on_guessed_sizes_says_which_to_give(tmp_path: Path) -> None:
-    # A Reshape to a fixed size fails on any guessed size of x's open dim.
+    # A Reshape to a fixed size fails on any size of x's open dim but one.
     shape = onnx.numpy_helper.from_array(np.array([6, 7], np.int64), "shape")
     graph = helper.make_graph(
         [helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")],
@@ -93,14 +93,26 @@ def test_a_failure_on_guessed_sizes_says_which_to_give(tmp_path: Path) -> None:
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.save(model, tmp_path / "r.onnx")
+    # The Reshape's constant pins n at 7: found, not guessed (issue 31).
+    found = CliRunner().invoke(cli, ["run", str(tmp_path / "r.onnx"), "--random"])
+    assert found.exit_code == 0, found.output
+    assert "x 6x7 (7 from the Reshape reshape to [6, 7])" in found.output
+    # A Reshape no size of n fits (6 * n = 5 * 7): one line naming the dim and the fix.
+    shape.CopyFrom(onnx.numpy_helper.from_array(np.array([5, 7], np.int64), "shape"))
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 7]))
+    model.graph.initializer[0].CopyFrom(shape)
+    onnx.save(model, tmp_path / "r.onnx")
     result = CliRunner().invoke(cli, ["run", str(tmp_path / "r.onnx"), "--random"])
     assert result.exit_code == 2
     message = result.stderr
-    assert "guessed sizes for x dim 1 (set to 224)" in message and "--shape" in message
+    assert "could not find inputs that run x float32 [6, n]" in message
+    assert "--shape x=6,n (n replaced by sizes)" in message
     assert "Traceback" not in message and "onnxruntime_src" not in message
     assert "[E:onnxruntime" not in message  # ONNX Runtime's own log line stays quiet
-    ok = CliRunner().invoke(cli, ["run", str(tmp_path / "r.onnx"), "--random", "--shape", "x=6x7"])
-    assert ok.exit_code == 0, ok.output
+    given = CliRunner().invoke(
+        cli, ["run", str(tmp_path / "r.onnx"), "--random", "--shape", "x=6x7"]
+    )
+    assert given.exit_code == 2 and "does not run at the sizes given (x 6x7)" in given.stderr
 
 
 def test_weights_in_constant_nodes_count_as_parameters() -> None:

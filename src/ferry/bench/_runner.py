@@ -144,7 +144,9 @@ def run_bench(
     base.session = load(path, plan=base.plan, threads=spec.threads, cache_dir=False)
     base_load_s = time.perf_counter() - start
     given = dict(inputs or {})
-    feeds = batch_feeds(base.session.inputs, given, spec.shapes, spec.batches, spec.seed)
+    feeds = batch_feeds(
+        base.session.inputs, given, spec.shapes, spec.batches, spec.seed, model=base.session
+    )
     judged_batch = next(iter(feeds))
     # The model must at least run on ORT; its outputs are the reference accuracy is judged by.
     reference = dict(base.session.run(feeds[judged_batch]))
@@ -511,8 +513,12 @@ def batch_feeds(
     shapes: Mapping[str, Sequence[int]],
     batches: Sequence[int] | None,
     seed: int,
+    *,
+    model: Any = None,
 ) -> dict[int, dict[str, np.ndarray]]:
-    """Inputs for each batch size: given arrays and generated ones.
+    """Inputs for each batch size: given arrays and generated ones (found with ``model``, a
+    Session or ``onnx_ir`` model: :func:`ferry.runtime.found_inputs`, sizes that run and ids
+    within their tables; else random at the shapes given, symbolic dims as 1).
 
     Without ``batches``, one set: the given arrays, the rest generated at the ``shapes`` given
     (symbolic dims as 1), keyed by its batch (the first input's first dim). With ``batches``, the
@@ -535,6 +541,14 @@ def batch_feeds(
             )
     rest = [s for s in specs if s.name not in given]
     base_shapes = {k: tuple(v) for k, v in shapes.items() if k not in given}
+    if model is not None and rest:
+        from ferry.runtime import found_inputs
+
+        arrays = {k: np.asarray(v) for k, v in given.items()}
+        found = found_inputs(model, base_shapes, given=arrays, seed=seed)
+        # Found once, then cut or repeated to each batch as given arrays are.
+        given = {s.name: arrays.get(s.name, found.feeds[s.name]) for s in specs}
+        rest, base_shapes = [], {}
     if batches is None:
         feeds = {name: np.asarray(arr) for name, arr in given.items()}
         feeds.update(random_feeds(rest, base_shapes, seed=seed))

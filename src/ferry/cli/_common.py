@@ -133,12 +133,13 @@ def split_pairs(pairs: Sequence[str], option: str) -> dict[str, str]:
 def build_feeds(
     session: Any, input_files: Sequence[str], shapes: Sequence[str], seed: int, *, random: bool
 ) -> tuple[dict[str, Any], str]:
-    """Inputs for ``session`` from ``--input`` files, the rest generated when ``random`` is set.
+    """Inputs for ``session`` from ``--input`` files, the rest found when ``random`` is set
+    (:func:`ferry.runtime.found_inputs`: sizes that run, ids within their tables).
 
-    Returns the feeds and, in words, the symbolic dims that generating them had to guess (empty
-    when none): say them when the model fails, so the user knows which ``--shape`` to give.
+    Returns the feeds and, in words, how the generated ones were found (empty when none were):
+    say it in reports and when the model fails, so the user knows which ``--shape`` to give.
     """
-    from ferry.runtime import guessed_dims, load_npy, parse_shape, random_feeds
+    from ferry.runtime import InputChecker, found_inputs, load_npy, parse_shape
 
     files = split_pairs(input_files, "--input")
     shape_map = {k: parse_shape(v) for k, v in split_pairs(shapes, "--shape").items()}
@@ -157,24 +158,30 @@ def build_feeds(
             + ", ".join(f"{s.name!r} ({s.describe()})" for s in rest)
             + "; pass --input NAME=FILE.npy or --random"
         )
+    if not rest:
+        return feeds, ""
+    # The files first, checked as the session checks them (dtype, rank, fixed dims): their
+    # errors are the user's to fix, not sizes to search for.
+    InputChecker([s for s in session.inputs if s.name in feeds]).check(feeds)
     generated_shapes = {k: v for k, v in shape_map.items() if k not in feeds}
-    feeds.update(random_feeds(rest, generated_shapes, seed=seed))
-    return feeds, guessed_dims(rest, generated_shapes)
+    found = found_inputs(session, generated_shapes, given=feeds, seed=seed)
+    feeds.update({s.name: found.feeds[s.name] for s in rest})
+    return feeds, found.how
 
 
-def run_feeds(session: Any, feeds: dict[str, Any], guessed: str) -> dict[str, Any]:
-    """``session.run(feeds)``; when the model fails on inputs whose sizes were guessed, say which
-    dims were guessed and how to give the real ones."""
+def run_feeds(session: Any, feeds: dict[str, Any], how: str) -> dict[str, Any]:
+    """``session.run(feeds)``; when the model fails on generated inputs, say how they were
+    found and how to give the real ones."""
     from ferry.errors import ExecutionError
 
     try:
         return dict(session.run(feeds))
     except ExecutionError as e:
-        if not guessed:
+        if not how:
             raise
         raise InvalidInputError(
-            f"{e}. The inputs were generated with guessed sizes for {guessed}: give the sizes "
-            "the model takes with --shape NAME=DIMS (e.g. --shape x=1,3,640,640)"
+            f"{e}. The inputs were generated ({how}): give the sizes the model takes with "
+            "--shape NAME=DIMS (e.g. --shape x=1,3,640,640) or real inputs with --input"
         ) from e
 
 

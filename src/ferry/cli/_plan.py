@@ -135,12 +135,16 @@ def command(
         raise click.UsageError("--accuracy is for --verify and --backends auto")
     auto_shapes = None
     if auto:
-        feeds, auto_shapes = _auto_inputs(session, model, input_files, shapes, seed)
+        feeds, auto_shapes, how = _auto_inputs(session, model, input_files, shapes, seed)
     else:
         if exact or remeasure:
             raise click.UsageError("--exact and --remeasure are for --backends auto")
-        feeds, guessed = build_feeds(session, input_files, shapes, seed, random=True)
-        run_feeds(session, feeds, guessed)  # fail here, saying which sizes to give, not mid-plan
+        feeds, how = build_feeds(session, input_files, shapes, seed, random=True)
+        run_feeds(session, feeds, how)  # fail here, saying which sizes to give, not mid-plan
+    if how:
+        result["inputs_found"] = how
+        if not as_json:
+            console.print(f"inputs: {escape(how)}")
     made = make_plan(
         work,
         backends,
@@ -202,13 +206,14 @@ def command(
 
 def _auto_inputs(
     session: Any, model: Path, input_files: tuple[str, ...], shapes: tuple[str, ...], seed: int
-) -> tuple[dict[str, Any], dict[str, tuple[int, ...]] | None]:
-    """What auto measures at: the ``--input`` files (random data at the ``--shape`` sizes for
+) -> tuple[dict[str, Any], dict[str, tuple[int, ...]] | None, str]:
+    """What auto measures at: the ``--input`` files (found data at the ``--shape`` sizes for
     inputs without one), or, given no files, the sizes: ``--shape``, else those saved in the
-    artifact, else the model's fixed sizes (an error naming the dims to give when some are
-    symbolic). Returns the feeds (for --verify too) and the sizes when no file was given."""
+    artifact, else sizes found to run (:func:`ferry.runtime.found_inputs`; an error naming the
+    dims to give when none does). Returns the feeds (for --verify too), the sizes when no
+    file was given, and how the generated inputs were found (empty when none were)."""
     from ferry.graph import resolve_model_file
-    from ferry.runtime import artifact_shapes, load_npy, parse_shape, timing_feeds
+    from ferry.runtime import artifact_shapes, found_inputs, load_npy, parse_shape
 
     files = split_pairs(input_files, "--input")
     names = {s.name for s in session.inputs}
@@ -220,8 +225,15 @@ def _auto_inputs(
     if not feeds and not sizes:
         sizes = dict(artifact_shapes(resolve_model_file(model)) or {})
     rest = [s for s in session.inputs if s.name not in feeds]
-    feeds.update(timing_feeds(rest, {k: v for k, v in sizes.items() if k not in feeds}, seed=seed))
-    return feeds, (None if files else sizes)
+    how = ""
+    if rest:
+        found = found_inputs(
+            session, {k: v for k, v in sizes.items() if k not in feeds}, given=feeds, seed=seed
+        )
+        feeds.update({s.name: found.feeds[s.name] for s in rest})
+        sizes = dict(found.shapes)
+        how = found.how
+    return feeds, (None if files else sizes), how
 
 
 def _budget(text: str | None) -> list[dict[str, Any]] | None:

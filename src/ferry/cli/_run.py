@@ -62,8 +62,10 @@ def command(
     session = ferry.load(
         model, backends=backends, threads=threads, precision=precision, shapes=sizes or None
     )
-    feeds, guessed = build_feeds(session, input_files, shapes, seed, random=random_inputs)
-    outputs = run_feeds(session, feeds, guessed)
+    feeds, how = build_feeds(session, input_files, shapes, seed, random=random_inputs)
+    outputs = run_feeds(session, feeds, how)
+    if how:
+        console.print(f"inputs: {escape(how)}")
     table = Table(
         "output", "shape", "dtype", "min", "max", "mean", "std", show_edge=False, box=None
     )

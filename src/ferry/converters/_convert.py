@@ -15,9 +15,9 @@ import onnx_ir as ir
 from ferry.converters._base import Converted, ConvertOptions
 from ferry.converters._onnx import convert_onnx
 from ferry.converters._registry import resolve_converter
-from ferry.errors import ConversionError, FerryError
+from ferry.errors import ConversionError, FerryError, InvalidInputError
 from ferry.parity import ParityReport, compare_outputs
-from ferry.runtime import load, random_feeds
+from ferry.runtime import found_inputs, load, random_feeds
 
 __all__ = ["ConversionResult", "ParityError", "convert"]
 
@@ -165,7 +165,8 @@ def _verify_inputs(
     session: Any, converted: Converted, options: ConvertOptions
 ) -> dict[str, np.ndarray]:
     # Converters name the example inputs for their model (``sample_inputs``); without them
-    # the inputs are random, at the shapes the user gave.
+    # the inputs are found (sizes that run, ids within their tables), at the shapes the user
+    # gave; random ones, should none be found, so that the failure is the comparison's.
     if converted.sample_inputs is not None:
         return dict(converted.sample_inputs)
     names = {s.name for s in session.inputs}
@@ -174,7 +175,13 @@ def _verify_inputs(
         for name, dims in (options.input_shapes or {}).items()
         if name in names
     }
-    return random_feeds(session.inputs, shapes, seed=0)
+    try:
+        found = found_inputs(session, shapes)
+    except InvalidInputError as e:
+        logger.info("no verification inputs found to run the model (%s); random ones", e)
+        return random_feeds(session.inputs, shapes, seed=0)
+    logger.info("verification inputs: %s", found.how)
+    return found.feeds
 
 
 def _aligned(

@@ -244,7 +244,7 @@ def export_ort_mobile(
     options = _Options(optimization, level, target_platform, type_reduction)
     # Inputs first: a wrong sample is the user's to fix before any time goes into converting.
     specs = [spec_of(v) for v in graph_inputs(loaded)]
-    feeds = verification_feeds(specs, samples, shapes) if verify else None
+    feeds = verification_feeds(specs, samples, shapes, model=loaded) if verify else None
     with contextlib.ExitStack() as stack:
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ferry-ort-")))
         source = source_file or save_model(loaded, scratch / "source.onnx")

@@ -16,16 +16,20 @@ file carries, which the caller describes (:data:`GraphOptions`), so that both ru
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx_ir as ir
 
 from ferry.backends import ORT_SILENT, ort_error_message
 from ferry.errors import ConversionError, ExecutionError, InvalidInputError, ModelLoadError
 from ferry.parity import ParityReport, Tolerance, compare_outputs
-from ferry.runtime import InputChecker, TensorSpec, guessed_dims, random_feeds
+from ferry.runtime import InputChecker, TensorSpec, found_inputs, guessed_dims, random_feeds
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "Feeds",
@@ -147,13 +151,24 @@ def verification_feeds(
     specs: Sequence[TensorSpec],
     samples: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None,
     shapes: Mapping[str, Sequence[int]] | None,
+    *,
+    model: ir.Model | None = None,
 ) -> Feeds:
-    """The given ``samples``, checked against the input specs; else random inputs that fit them
-    (``shapes`` sizes their symbolic dims).
+    """The given ``samples``, checked against the input specs; else inputs found to run
+    ``model`` (:func:`ferry.runtime.found_inputs`: sizes that run, ids within their tables), or
+    random ones that fit the specs when there is no model or none is found (``shapes`` sizes
+    their symbolic dims either way).
 
     Raises:
         InvalidInputError: samples that are not ``{name: array}`` dicts or do not fit the specs.
     """
+    if samples is None and model is not None:
+        try:
+            found = found_inputs(model, shapes)
+        except InvalidInputError as e:
+            logger.info("no inputs found to run the source model (%s); random ones instead", e)
+        else:
+            return Feeds([found.feeds], f"found: {found.how}")
     if samples is None:
         guessed = guessed_dims(specs, shapes)
         described = "random" + (f" (guessed sizes: {guessed})" if guessed else "")

@@ -365,9 +365,14 @@ def _refusal(
             str(d) if isinstance(d, int) else "1" if axis == 0 else _letter(example.shape, axis)
             for axis, d in enumerate(example.shape)
         )
+        opened = [
+            _letter(example.shape, axis)
+            for axis, d in enumerate(example.shape)
+            if not isinstance(d, int) and axis
+        ]
         fix = (
-            f"; give them with --shape {example.name}={sizes} (the letters replaced by sizes) "
-            f"or --input {example.name}=FILE.npy"
+            f"; give them with --shape {example.name}={sizes} ({', '.join(opened) or 'the dims'} "
+            f"replaced by sizes) or --input {example.name}=FILE.npy"
         )
     shown = ", ".join(tried[:4]) + (", ..." if len(tried) > 4 else "")
     return f"could not find inputs that run {dims} (tried {shown}: last error {error}){fix}"

@@ -298,6 +298,11 @@ def _axis_options(
 ) -> Iterator[tuple[int, list[int], str]]:
     """For each open axis of ``spec``: the sizes to try, in order, and why the first."""
     assert spec.shape is not None
+    pinned = _reshape_pin(model, spec, axes)
+    if pinned is not None:
+        axis, size, why = pinned
+        yield axis, [size], why
+        axes = [a for a in axes if a != axis]
     rank = len(spec.shape)
     kind = spec.dtype.kind if spec.dtype is not None else "f"
     if kind == "f" and rank == 4:
@@ -310,6 +315,43 @@ def _axis_options(
             yield axis, [100, *_SEQUENCE], "frames"
         else:
             yield axis, list(_OTHER), "a common size"
+
+
+#: Ops that keep their input's element count (a Reshape after them still pins it).
+_SAME_COUNT = frozenset({"Cast", "Identity", "Relu", "Sigmoid", "Tanh", "Neg", "Abs", "Transpose"})
+
+
+def _reshape_pin(model: ir.Model, spec: TensorSpec, axes: list[int]) -> tuple[int, int, str] | None:
+    """The size of the one open axis of ``spec`` (the batch taken as 1) that a Reshape of the
+    input to a constant shape allows, with why; None when no such Reshape reads it."""
+    value = next((v for v in model.graph.inputs if v.name == spec.name), None)
+    if value is None or spec.shape is None or len(axes) != 1:
+        return None
+    todo, seen = [value], 0
+    while todo and seen < 16:
+        current = todo.pop()
+        seen += 1
+        for node, index in current.uses():
+            if node.op_type in _SAME_COUNT and index == 0:
+                todo.extend(o for o in node.outputs if o is not None)
+                continue
+            if node.op_type != "Reshape" or index != 0 or len(node.inputs) < 2:
+                continue
+            target = constant(node.inputs[1])
+            if target is None or target.size == 0 or (target <= 0).any():
+                continue
+            known = math.prod(
+                d if isinstance(d, int) else 1 for i, d in enumerate(spec.shape) if i != axes[0]
+            )
+            total = int(np.prod(target))
+            if known and total % known == 0:
+                size = total // known
+                return (
+                    axes[0],
+                    size,
+                    f"{size} from the Reshape {node.name or ''} to {target.tolist()}",
+                )
+    return None
 
 
 def _image_options(

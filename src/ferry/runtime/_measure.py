@@ -127,15 +127,24 @@ def timing_feeds(
     shapes: Mapping[str, Sequence[int]] | None = None,
     *,
     seed: int = 0,
+    model: ir.Model | None = None,
 ) -> dict[str, np.ndarray]:
-    """Random inputs at the sizes the model will run: ``shapes`` where given, else the model's
-    fixed dims; a symbolic first dim (the batch) becomes 1.
+    """Inputs at the sizes the model will run: ``shapes`` where given, else the model's fixed
+    dims; a symbolic first dim (the batch) becomes 1. With ``model``, sizes not given are found
+    (:func:`ferry.runtime.found_inputs`: sizes the model runs at, ids within their tables).
 
     Raises:
-        InvalidInputError: a symbolic dim past the first has no size: auto must not time a
-            detector at a few pixels; the message names the dims and the ``--shape`` to give.
+        InvalidInputError: without ``model``, a symbolic dim past the first has no size: auto
+            must not time a detector at a few pixels; the message names the dims and the
+            ``--shape`` to give. With it, no sizes tried run.
     """
     shapes = dict(shapes or {})
+    if model is not None:
+        from ferry.runtime._found import found_inputs
+
+        names = {s.name for s in specs}
+        found = found_inputs(model, {k: v for k, v in shapes.items() if k in names}, seed=seed)
+        return {s.name: found.feeds[s.name] for s in specs}
     missing = []
     for spec in specs:
         if spec.name in shapes:

@@ -234,20 +234,12 @@ def load_version(
 
 
 def _call_seconds(session: Any, resolved: ResolvedConfig) -> float:
-    """The fastest of three batch-1 calls on generated inputs; 0 when they cannot be made or run
-    (the warm-up then says why)."""
-    from ferry.runtime import random_feeds
+    """The fastest of three batch-1 calls on found inputs (:func:`ferry.runtime.found_inputs`);
+    0 when they cannot be made or run (the warm-up then says why)."""
+    from ferry.runtime import found_inputs
 
-    shapes = {
-        s.name: tuple(
-            1 if (axis == 0 and resolved.max_batch_size) or not isinstance(d, int) else d
-            for axis, d in enumerate(s.shape)
-        )
-        for s in session.inputs
-        if s.shape is not None
-    }
     try:
-        feeds = random_feeds(session.inputs, shapes)
+        feeds = found_inputs(session).feeds
         session.run(feeds)
         best = float("inf")
         for _ in range(3):
@@ -279,13 +271,14 @@ def _engine_precisions(session: Any) -> dict[str, str]:
 def warm_up(loaded: LoadedModel) -> str | None:
     """Run every instance on generated inputs; return why it failed, or None.
 
-    Generated inputs can be wrong for a model that reads its data (indices, shapes), so the
-    warm-up passes when one of three input sets runs everywhere: random values with variable dims
-    of 1; ones (index 1, shape [1, 1]...); random values with variable dims past the first of
+    The inputs are found first (:func:`ferry.runtime.found_inputs`: sizes that run, ids within
+    their tables), stacked to the largest batch too. Should none be found, the warm-up passes
+    when one of three generated sets runs everywhere: random values with variable dims of 1;
+    ones (index 1, shape [1, 1]...); random values with variable dims past the first of
     :data:`ferry.runtime.GUESSED_SIZE`. A model no set runs fails with the first set's error.
     Inputs that cannot be generated (unknown rank, a type ferry cannot make) skip the warm-up.
     """
-    from ferry.runtime import GUESSED_SIZE, random_feeds
+    from ferry.runtime import GUESSED_SIZE, found_inputs, random_feeds
 
     specs = loaded.inputs
     max_batch = loaded.resolved.max_batch_size
@@ -307,6 +300,19 @@ def warm_up(loaded: LoadedModel) -> str | None:
             made = {k: v if v.dtype == object else np.ones_like(v) for k, v in made.items()}
         return made
 
+    try:
+        found = found_inputs(loaded.sessions[0]).feeds
+        batched = {s.name for s in specs if s.shape and not isinstance(s.shape[0], int)}
+        stacked = [
+            {k: np.concatenate([v] * size) if k in batched else v for k, v in found.items()}
+            for size in sizes
+        ]
+        for made in stacked:
+            for session in loaded.sessions:
+                session.run(made)
+        return None
+    except Exception as e:  # the engine's own errors too; the generated sets are tried next
+        logger.debug("warm-up on found inputs failed (%s); trying generated ones", e)
     first: str | None = None
     for guess, ones in ((False, False), (False, True), (True, False)):
         try:

@@ -393,6 +393,15 @@ def _concrete(shape: tuple[Any, ...] | None) -> tuple[int, ...] | None:
 
 
 def _random_feeds(model: ir.Model) -> dict[str, np.ndarray]:
+    """Inputs found to run ``model`` (:func:`ferry.runtime.found_inputs`: sizes that run, ids
+    within their tables); should none be found, random floats and zeros with symbolic dims of 1,
+    so that the run that follows says what fails."""
+    from ferry.runtime import found_inputs
+
+    try:
+        return found_inputs(model).feeds
+    except InvalidInputError as e:
+        logger.info("no inputs found to run the pruned model: %s", e)
     rng = np.random.default_rng(0)
     feeds = {}
     for value in graph_inputs(model):
