@@ -64,6 +64,9 @@ _SOFTMAX = frozenset({"Softmax", "LogSoftmax"})
 _SIGMOID = frozenset({"Sigmoid", "HardSigmoid"})
 _NORMALIZE = frozenset({"LpNormalization"})
 _DETECTING = frozenset({"TopK", "NonMaxSuppression"})
+#: A map's channel counts that may be values, not classes: an image's (1 or 3), a flow field's or
+#: an offset map's 2. Such a map is judged by cosine (its numbers are the task).
+_VALUES = (1, 2, 3)
 #: Output names that say "an embedding" whatever op made them.
 _EMBEDDING_NAME = re.compile(
     r"embed|emb$|^emb|feat|hidden|pool|vector|descriptor|latent|encod", re.I
@@ -391,7 +394,7 @@ def _judge_one(out: _Output, beside_classes: bool, count: int) -> tuple[dict[str
         axis = 1 if conv and rank > 2 else -1
         classes = shape[axis] if shape is not None else None
         classes = classes if classes is not None else _width(head, conv)
-        if classes not in (None, 1) and (rank < 4 or (count == 1 and not _image_like(out, axis))):
+        if classes not in (None, 1) and (rank < 4 or (count == 1 and classes not in _VALUES)):
             return _classes(out, axis, f"{op} logits over {classes} classes")
     if op == "Div" and head.inputs[0] is not None:
         numerator = head.inputs[0].producer()
@@ -480,11 +483,6 @@ def _half(out: _Output) -> float:
         return (int(info.max) + int(info.min)) / 2
     zp = float(zero.reshape(-1)[0]) if zero is not None and zero.size else 0.0
     return float(0.5 / float(scale.reshape(-1)[0]) + zp)
-
-
-def _image_like(out: _Output, axis: int) -> bool:
-    """A map whose channels are an image's (1 or 3): an image out, not classes per pixel."""
-    return out.shape is not None and out.shape[axis] in (1, 3)
 
 
 def _int_attribute(node: ir.Node, name: str, default: int) -> int:
