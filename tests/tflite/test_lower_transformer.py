@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from tflite_graphs import export, opcodes, weights
+from tflite_graphs import export, model, opcodes, weights
 
 pytest.importorskip("ai_edge_litert", reason="LiteRT verifies the exports")
 
@@ -200,3 +200,33 @@ def test_padded_tokens_masked_by_float32_lowest(tmp_path: Path) -> None:
         samples.append({"input_ids": ids * mask, "attention_mask": mask})
     proto = _encoder(decomposed_ln=False, gelu_op=False, einsum=False)
     assert export(proto, tmp_path, samples=samples).report.passed
+
+
+def test_learned_query_times_computed_keys(tmp_path: Path) -> None:
+    """A constant first operand with leading 1s (a decoder's learned query, ``[1, 1, K]``)
+    keeps its rank: BATCH_MATMUL takes no 1-D operand."""
+    nodes = [
+        N("MatMul", ["x", "w"], ["keys"]),  # [1, S, K]
+        N("Transpose", ["keys"], ["keys_t"], perm=[0, 2, 1]),  # [1, K, S]
+        N("MatMul", ["query", "keys_t"], ["y"]),  # [1, 1, S]
+    ]
+    inits = {"w": weights(HIDDEN, HIDDEN), "query": weights(1, 1, HIDDEN)}
+    result = export(model(nodes, {"x": [1, 12, HIDDEN]}, ["y"], inits), tmp_path)
+    assert "BATCH_MATMUL" in opcodes(result)
+
+
+def test_not_a_number_guard(tmp_path: Path) -> None:
+    """``Where(IsNaN(p), 0, p)`` and IsInf, as attention blocks guard fully masked rows."""
+    nodes = [
+        N("IsNaN", ["x"], ["nan"]),
+        N("Where", ["nan", "zero", "x"], ["clean"]),
+        N("IsInf", ["clean"], ["inf"]),
+        N("IsInf", ["x"], ["pos_inf"], detect_negative=0),
+        N("Where", ["inf", "zero", "clean"], ["y"]),
+    ]
+    x = np.random.default_rng(2).standard_normal((2, 3, 6)).astype(np.float32)
+    x[0, 1, 2], x[1, 0, 3], x[1, 2, 5], x[0, 0, 0] = np.nan, np.inf, -np.inf, np.nan
+    zero = {"zero": np.zeros((), np.float32)}
+    proto = model(nodes, {"x": [2, 3, 6]}, ["y", "nan", "pos_inf"], zero)
+    ops = opcodes(export(proto, tmp_path, samples={"x": x}))
+    assert "NOT_EQUAL" in ops and "EQUAL" in ops

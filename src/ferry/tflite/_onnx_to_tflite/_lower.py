@@ -52,6 +52,7 @@ from ferry.tflite._onnx_to_tflite._ops_index import OPS as INDEX_OPS
 from ferry.tflite._onnx_to_tflite._ops_math import OPS as MATH_OPS
 from ferry.tflite._onnx_to_tflite._ops_rnn import OPS as RNN_OPS
 from ferry.tflite._onnx_to_tflite._ops_shape import OPS as SHAPE_OPS
+from ferry.tflite._onnx_to_tflite._ops_values import OPS as VALUE_OPS
 from ferry.tflite._onnx_to_tflite._static import fold_constants
 from ferry.tflite._schema import TFLITE_TYPE_NAMES, TFLiteModel, TFLiteTensor
 from ferry.tflite._unsupported import Unsupported
@@ -82,6 +83,7 @@ TRANSLATORS: dict[str, Callable[[Lowering, ir.Node], None]] = {
     **CONV_OPS,
     **MATH_OPS,
     **RNN_OPS,
+    **VALUE_OPS,
     **INDEX_OPS,  # last: its Div takes integer division and hands the rest to ELEMENTWISE_OPS'
 }
 

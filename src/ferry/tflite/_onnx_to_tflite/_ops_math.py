@@ -124,8 +124,20 @@ def _matmul(cx: Lowering, node: ir.Node) -> None:
         )
         return
     rank = cx.rank(out)
-    ins = [cx.get_broadcast(v, rank, identity(rank)) for v in (a, b)]
+    ins = [_matmul_operand(cx, v, rank) for v in (a, b)]
     cx.emit("BATCH_MATMUL", ins, [cx.output(out)], {"adj_x": False, "adj_y": False})
+
+
+def _matmul_operand(cx: Lowering, value: ir.Value, rank: int) -> int:
+    """A BATCH_MATMUL operand at the result's rank in ONNX's layout. A constant keeps its
+    leading size-1 axes (``get_broadcast`` drops them; BATCH_MATMUL needs rank 2 at least and
+    LiteRT sizes a 1-D operand wrong)."""
+    array = cx.const(value)
+    stored_as_integers = cx.int8 and value in cx.const_quant  # written by the int8 writer
+    if array is not None and not cx.is_held(value) and not stored_as_integers:
+        full = array.reshape((1,) * (rank - array.ndim) + array.shape)
+        return cx.constant(full, value.name or "c")
+    return cx.get_broadcast(value, rank, identity(rank))
 
 
 def _einsum(cx: Lowering, node: ir.Node) -> None:
