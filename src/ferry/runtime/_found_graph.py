@@ -369,7 +369,8 @@ def _image_options(
     h_axis, w_axis = (1, 2) if nhwc else (2, 3)
     step = strides(model, spec.name)
     sh, sw = (int(step[0]), int(step[1])) if len(step) >= 2 else (1, 1)
-    multiple = max(sh, sw, 1)
+    # Past 64 a "stride" is a side branch's pooling more likely than the body's downsampling.
+    multiple = min(max(sh, sw, 1), 64)
     names = {_HINT_NAMES.get(str(shape[a]).lower()) for a in (h_axis, w_axis)}
     text_line = sh > sw or names == {"w"} or (_fixed(shape[h_axis]) <= 64 and h_axis not in axes)
     squares = [(s, s) for s in _SQUARE]
