@@ -108,7 +108,8 @@ def found_inputs(
         feeds = {k: v.copy() for k, v in cached.feeds.items()}
         feeds.update(given)
         return dataclasses.replace(cached, feeds=feeds)
-    found = _find(ir_model, file, specs, pinned_shapes, given, seed)
+    reuse = model if isinstance(model, Session) and _plain_onnxruntime(model) else None
+    found = _find(ir_model, file, specs, pinned_shapes, given, seed, reuse)
     with _LOCK:
         _FOUND[key] = found
     if file is not None and found.checked and not given:
@@ -155,6 +156,7 @@ def _find(
     shapes: dict[str, tuple[int, ...]],
     given: dict[str, np.ndarray],
     seed: int,
+    session: Session | None = None,
 ) -> FoundInputs:
     roles = input_roles(model, specs)
     fixed: dict[DimKey, int] = {}
@@ -173,7 +175,7 @@ def _find(
     if remembered:
         candidates.insert(0, {**_dims_of(specs, remembered), **fixed})
         reasons = {k: "remembered in ferry.json" for k in reasons}
-    runner = _Runner(model, file)
+    runner = _Runner(model, file, session)
     tried: list[str] = []
     last_error = ""
     start = time.perf_counter()
@@ -265,10 +267,14 @@ class _Runner:
     """One ONNX Runtime CPU session for the probes; ``loaded`` is False when ORT cannot load the
     model (then every probe 'runs': nothing can check it here)."""
 
-    def __init__(self, model: ir.Model, file: Path | None) -> None:
+    def __init__(self, model: ir.Model, file: Path | None, session: Session | None) -> None:
         self.session: Any = None
         self.loaded = False
         self.why = ""
+        if session is not None:
+            # The caller's own ONNX Runtime session: no second one to build.
+            self.session, self.loaded = _SessionCall(session), True
+            return
         try:
             import onnxruntime as ort
 
@@ -300,6 +306,22 @@ class _Runner:
 
             return ort_error_message(e)
         return None
+
+
+def _plain_onnxruntime(session: Session) -> bool:
+    """Whether ``session`` is the whole model on ONNX Runtime (the probes may run on it)."""
+    partitions = session.plan.partitions
+    return len(partitions) == 1 and partitions[0].backend == "onnxruntime"
+
+
+class _SessionCall:
+    """A ferry Session called as an InferenceSession is (``run(None, feeds)``)."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    def run(self, _names: Any, feeds: dict[str, np.ndarray]) -> Any:
+        return self._session.run(feeds)
 
 
 def _describe(
