@@ -65,7 +65,8 @@ from ferry.errors import InvalidInputError
 @click.option(
     "--metric",
     default=None,
-    help="top1, cosine (default), mask, mask@THRESHOLD, seq, or module:function.",
+    help="top1, cosine, mask, mask@THRESHOLD, seq, or module:function (default: the judge the "
+    "model's outputs call for, named in the report).",
 )
 @image_data_options
 @click.option(

@@ -117,7 +117,8 @@ def quantize(
             LSTM- and GRU-heavy models; needs no calibration data beyond judging.
         budget: how much of the metric may be lost: ``"1%"`` or ``0.01`` (score >= 0.99).
         metric: ``top1``, ``cosine``, ``mask`` (or ``mask@0.3``), ``seq``, ``"module:function"``
-            (``(got, want) -> score``) or a callable; None: cosine.
+            (``(got, want) -> score``) or a callable; None: the judge the model's task
+            calls for (:func:`ferry.parity.infer_judge`), named in the report.
         random: calibrate on random data (only with no ``data``): the result means nothing, and
             the report says so.
         preprocessing: how a folder of images becomes the input.
@@ -150,15 +151,16 @@ def quantize(
             "--target openvino (or tensorrt), or --precision fp16"
         )
     least = 1.0 - budget_fraction(budget)
-    spec = metric_spec(metric, least)
     original = load_model(model)
     held = reduced_precision(original)
     source_words = held.describe() if held else ""
     if held and not requantize:
+        spec = metric_spec(metric, least)
         return _refused_source(original, held.describe(), target, precision, spec, least)
     reference = load(original)
     samples = _samples(data, random, original, reference.inputs, preprocessing)
     want = [reference.run(feed) for feed in samples.held_back]
+    spec = metric_spec(metric, least, original, want[0])  # no metric: the task's, inferred
     # What is quantized: the source's float computation (the source itself when it is float);
     # judged and timed against the source as the user has it.
     floating = original

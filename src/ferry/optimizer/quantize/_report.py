@@ -14,6 +14,7 @@ from typing import Any
 import onnx_ir as ir
 
 from ferry.graph import atomic_path, save_model
+from ferry.optimizer._task import judge_line
 
 __all__ = ["QuantizeReport", "QuantizeResult"]
 
@@ -86,6 +87,8 @@ class QuantizeReport:
             + (f"; {self.method} calibration)" if self.method != "-" else ")"),
             f"data: {self.samples}",
         ]
+        if not math.isnan(self.score_after):
+            out.append(judge_line(self.metric))
         if self.source:
             out.append(f"source: {self.source}")
         if not math.isnan(self.score_after):
