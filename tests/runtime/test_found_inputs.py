@@ -272,3 +272,10 @@ def test_random_feeds_with_the_model_keep_ids_in_range() -> None:
     assert feeds["token_type_ids"].max() < 2 and (feeds["attention_mask"] == 1).all()
     assert feeds["input_ids"].shape == (1, 40) and feeds["input_ids"].max() < 50
     _runs(model, feeds)
+
+
+def test_the_exporters_metadata_sizes_come_first() -> None:
+    model = _height_pinned(3)
+    model.metadata_props["imgsz"] = "[48, 96]"
+    found = found_inputs(model)
+    assert found.shapes["x"] == (1, 3, 48, 96) and "metadata" in found.how

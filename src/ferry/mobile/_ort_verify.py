@@ -168,7 +168,7 @@ def verification_feeds(
         except InvalidInputError as e:
             logger.info("no inputs found to run the source model (%s); random ones instead", e)
         else:
-            return Feeds([found.feeds], f"found: {found.how}")
+            return Feeds([found.feeds], f"found ({found.how})")
     if samples is None:
         guessed = guessed_dims(specs, shapes)
         described = "random" + (f" (guessed sizes: {guessed})" if guessed else "")

@@ -394,6 +394,10 @@ def _image_options(
             else "a common size"
         )
         pairs = [p for p in pairs if p[0] % multiple == 0] + [p for p in pairs if p[0] % multiple]
+    hinted = _metadata_sides(model)
+    if hinted is not None:
+        pairs = [hinted, *(p for p in pairs if p != hinted)]
+        why = f"{hinted[0]}x{hinted[1]} from the exporter's metadata"
     for axis in axes:
         if axis == h_axis:
             yield axis, [p[0] for p in pairs], why
@@ -401,6 +405,24 @@ def _image_options(
             yield axis, [p[1] for p in pairs], why
         else:
             yield axis, [3, 1], "3 channels"
+
+
+#: Metadata keys exporters write an image's size under (ultralytics ``imgsz``, others).
+_SIZE_KEYS = ("imgsz", "image_size", "img_size", "input_size", "input_shape", "resolution")
+
+
+def _metadata_sides(model: ir.Model) -> tuple[int, int] | None:
+    """(height, width) from the model's metadata, when an exporter wrote them."""
+    for key, text in (model.metadata_props or {}).items():
+        if key.lower() not in _SIZE_KEYS:
+            continue
+        numbers = [int(n) for n in re.findall(r"\d+", str(text))]
+        sides = [n for n in numbers if n >= 8]
+        if len(sides) == 1:
+            return sides[0], sides[0]
+        if len(sides) >= 2:
+            return sides[-2], sides[-1]
+    return None
 
 
 def _fixed(dim: object) -> int:
