@@ -122,14 +122,16 @@ class ParityReport:
         }
 
     def summary(self) -> str:
+        """One line that names the judge (elementwise: the same numbers within tolerance)."""
         if self.skipped is not None:
             return f"parity not checked: {self.skipped}"
         failed = [o for o in self.outputs if not o.passed]
         if not failed:
             return (
-                f"parity ok: {len(self.outputs)} output(s), max abs error {self.max_abs_error:.3g}"
+                f"parity ok (elementwise): {len(self.outputs)} output(s), max abs error "
+                f"{self.max_abs_error:.3g}"
             )
-        return "parity FAILED: " + "; ".join(o.describe() for o in failed)
+        return "parity FAILED (elementwise): " + "; ".join(o.describe() for o in failed)
 
 
 def compare_outputs(
