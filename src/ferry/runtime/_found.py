@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 PROBE_BUDGET_S = float(os.environ.get("FERRY_PROBE_BUDGET_S", "5"))
 
 _FOUND: dict[tuple[Any, ...], FoundInputs] = {}
+_KEEP = 32
 _LOCK = threading.Lock()
 
 
@@ -112,6 +113,8 @@ def found_inputs(
     found = _find(ir_model, file, specs, pinned_shapes, given, seed, reuse)
     with _LOCK:
         _FOUND[key] = found
+        while len(_FOUND) > _KEEP:  # a long-lived server loads many models: keep the latest
+            _FOUND.pop(next(iter(_FOUND)))
     if file is not None and found.checked and not given:
         remember_inputs(file, found.shapes, found.how)
     return found
