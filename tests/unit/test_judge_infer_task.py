@@ -90,3 +90,15 @@ def test_a_sequence_judged_by_its_positions_not_its_cosine() -> None:
         want[0, step, (out[0, step].argmax() + 1) % 97] = 1.0
     spec = metric_spec(None, 0.99, model, {"softmax_0": out})
     assert task_score(model, feeds, [{"softmax_0": want}], spec) == pytest.approx(38 / 40)
+
+
+def test_quantize_without_a_metric_judges_a_sequence_by_argmax_seq() -> None:
+    from ferry.optimizer.quantize import quantize
+
+    rng = np.random.default_rng(2)
+    data = [{"x": rng.standard_normal((1, 40, 16)).astype(np.float32)} for _ in range(8)]
+    result = quantize(_recognizer(), data=data, budget="50%", force=True)
+    assert result.report.metric["kind"] == "argmax_seq"
+    lines = result.report.lines()
+    assert any(line.startswith("judge: argmax_seq on 'softmax_0'") for line in lines), lines
+    assert any(line.startswith("argmax_seq: 1.0000 -> ") for line in lines), lines
