@@ -66,7 +66,7 @@ models+=("$out/pruned.onnx" "$out/distilled.onnx" "$out/model.tflite")
 python examples/digits_cnn.py accuracy "${models[@]}" 2> >(grep -v "XNNPACK delegate" >&2)
 
 echo; echo "==> 12. ferry bench: ONNX Runtime and OpenVINO at each precision, batch 1 and 32, saved into the artifact's report"
-ferry bench "$out" --backends onnxruntime,openvino --batch 1,32 --iterations 100 --plot "$out/bench.png" --save-report
+ferry bench "$out" --backends onnxruntime,openvino --batch 1,32 --iterations 300 --plot "$out/bench.png" --save-report
 
 echo; echo "==> 13. ferry serve: the artifact over HTTP (KServe v2, as Triton speaks it), queried with Triton's own client"
 port="$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
