@@ -18,6 +18,7 @@ from click.testing import CliRunner
 import ferry
 import kit_models
 from ferry.cli.main import cli
+from ferry.mobile import export_tflite
 from ferry.mobile._litert import KERNELS, LiteRT
 
 pytest.importorskip("ai_edge_litert", reason="LiteRT runs the exports")
@@ -65,3 +66,15 @@ def test_minilm_exports_as_typed_and_keeps_its_embedding(tmp_path: Path) -> None
             kit_models.judged(
                 MID, f"export tflite as typed ({kernels})", runtime.run(feeds), reference.run(feeds)
             )
+
+
+@pytest.mark.parametrize("mid", ["svtrv2", "detr_tiles"])
+def test_transformer_kit_models_export_as_typed(mid: str, tmp_path: Path) -> None:
+    """SVTRv2 (a learned query times computed keys) and the DETR tiles (an IsNaN guard in
+    cross-attention) were refused; as typed they are written, verified in LiteRT (XNNPACK and
+    the reference kernels) against ONNX Runtime at sizes found for them."""
+    out = tmp_path / f"{mid}.tflite"
+    result = export_tflite(kit_models.path(mid), out)
+    assert result.report.passed and out.is_file()
+    assert [v.placement.kernels for v in result.report.verification] == list(KERNELS)
+    assert any(n.startswith("inputs found") for n in result.report.notes)
