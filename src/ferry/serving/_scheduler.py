@@ -37,8 +37,9 @@ from ferry.serving._batcher import (
     run_items,
 )
 from ferry.serving._codec import InferRequest, RequestedOutput, datatype_of
-from ferry.serving._config import ModelConfig, ResolvedConfig, resolve_config
+from ferry.serving._config import ModelConfig, ResolvedConfig, batch_dim_problem, resolve_config
 from ferry.serving._metrics import VersionRecorder
+from ferry.serving._rows import rows_interact
 
 __all__ = [
     "Instance",
@@ -201,6 +202,7 @@ def load_version(
     if threads is None:
         threads = engine_threads(config.instance_count or 1, cores)
     first = load(source, backends=names, threads=threads, precision=precision)
+    config = _unbatched_if_rows_interact(config, name, first, warmup)
     resolved = resolve_config(config, name, first.inputs, first.outputs)
     # Left to ferry, a compute-bound model gets two instances and every core (module doc).
     decide = (
@@ -231,6 +233,28 @@ def load_version(
         if error:
             raise ModelLoadError(f"model {name!r}: warm-up failed: {error}")
     return loaded
+
+
+def _unbatched_if_rows_interact(
+    config: ModelConfig, name: str, session: Any, warmup: bool
+) -> ModelConfig:
+    """``config`` with batching off when ferry would batch the model by default but its rows
+    depend on each other (:func:`ferry.serving._rows.rows_interact`); a config that says how to
+    batch is kept as it is."""
+    if config.max_batch_size is not None or config.dynamic_batching is not None or not warmup:
+        return config
+    if batch_dim_problem([*session.inputs, *session.outputs]) is not None:
+        return config  # not batched by default anyway
+    why = rows_interact(session)
+    if why is None:
+        return config
+    logger.warning(
+        "model %r is served without batching: %s. Requests run as sent; a config's "
+        "max_batch_size overrides this.",
+        name,
+        why,
+    )
+    return dataclasses.replace(config, max_batch_size=0, dynamic_batching=False)
 
 
 def _call_seconds(session: Any, resolved: ResolvedConfig) -> float:
