@@ -104,6 +104,8 @@ def test_damaged_orientation_classifier_is_won_back() -> None:
         lr=3e-4,
         threads=1,
         progress=False,
+        # Bounded explicitly, whatever the defaults (this test: 25 s on 2 busy cores, load 9).
+        max_seconds=120,
     )
     r = result.report
     assert r.outputs == {"fetch_name_0": "kl-probs"}  # the model ends in a Softmax

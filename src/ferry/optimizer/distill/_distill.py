@@ -362,9 +362,9 @@ def distill(
     with _deterministic(seed, threads) as used_threads:
         _check_shapes(task, batch)
         task.projections = tr.projections(task, tr._rows(train, slice(0, batch)))
-        threads_why = "given"
+        threads_why, step_seconds = "given", None
         if threads is None:
-            used_threads, threads_why = sc.choose_threads(task, batch)
+            used_threads, threads_why, step_seconds = sc.choose_threads(task, batch)
             torch.set_num_threads(used_threads)
         planning = time.perf_counter()
         judged = tr.judge(task, batch, temperature, alpha, feature_weight)
@@ -381,6 +381,7 @@ def distill(
             feature_weight=feature_weight,
             seed=seed,
             judge_seconds=time.perf_counter() - planning,
+            step_seconds=step_seconds,
         )
         logger.info("distill plan: %s", plan.line())
         trained = tr.train(
