@@ -49,8 +49,15 @@ from ferry.errors import (
     ExecutionError,
     InvalidInputError,
 )
-from ferry.graph import graph_inputs, load_model
-from ferry.parity import ParityReport, Tolerance, compare_outputs
+from ferry.graph import graph_inputs, load_model, reduced_precision
+from ferry.parity import (
+    BudgetVerdict,
+    ParityReport,
+    Tolerance,
+    compare_outputs,
+    infer_judge,
+    within_budget,
+)
 from ferry.runtime import found_inputs, spec_of
 from ferry.web._npm import (
     ENTRY_MODULE,
@@ -80,6 +87,30 @@ _INLINE_LIMIT = 2**31 - 1
 
 
 @dataclasses.dataclass(frozen=True)
+class TaskCheck:
+    """A quantized model judged at its task, where elementwise parity cannot hold: integer
+    kernels round differently from one engine to the next (onnxruntime-web's wasm ones from ONNX
+    Runtime's), a quantization step apart.
+
+    Attributes:
+        source: the quantization the model holds (``dynamic int8 (MatMulInteger x4, ...)``).
+        judge: the judge its outputs call for, and why (:func:`ferry.parity.infer_judge`).
+        verdict: the judge's verdict on the Node run against ONNX Runtime.
+    """
+
+    source: str
+    judge: str
+    verdict: BudgetVerdict
+
+    def summary(self) -> str:
+        state = "ok" if self.verdict.passed else "FAILED"
+        return f"at the task ({self.source}): {state}, {self.judge}: {self.verdict.summary()}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "judge": self.judge, **self.verdict.to_dict()}
+
+
+@dataclasses.dataclass(frozen=True)
 class WebExport:
     """What :func:`export_web` wrote.
 
@@ -89,6 +120,8 @@ class WebExport:
         manifest: ``manifest.json``'s content.
         ops: the ops check.
         verification: the Node run against ONNX Runtime; None when ``verify=False``.
+        task: for a quantized model whose elementwise parity failed, the verdict at its task
+            (what decides then).
         repairs: declared shapes rewritten in the bundle's copy of the model.
         inputs: how the inputs verified on were found (or that they were given).
     """
@@ -100,6 +133,7 @@ class WebExport:
     verification: ParityReport | None
     repairs: tuple[ShapeRepair, ...] = ()
     inputs: str | None = None
+    task: TaskCheck | None = None
 
     @property
     def index_html(self) -> Path:
@@ -123,6 +157,8 @@ class WebExport:
             out.append(
                 "in Node (onnxruntime-web, wasm) vs ONNX Runtime: " + self.verification.summary()
             )
+            if self.task is not None:
+                out.append(self.task.summary())
             if self.inputs:
                 out.append(f"verified on: {self.inputs}")
         out.append(
@@ -216,6 +252,7 @@ def export_web(
         }
         _write_manifest(staging, manifest)
         verification = None
+        task = None
         if reference is not None:
             feeds, want = reference.feeds, reference.want
             try:
@@ -230,11 +267,18 @@ def export_web(
                 manifest["model"] = model_info
                 got = run_bundle_in_node(staging, feeds)
             verification = compare_outputs(got, want, tolerance=tolerance, inputs=feeds)
-            manifest["verification"] = {**verification.to_dict(), "inputs": reference.how}
-            if not verification.passed:
+            task = None if verification.passed else _task_check(loaded, got, want)
+            manifest["verification"] = {
+                **verification.to_dict(),
+                "inputs": reference.how,
+                "task": None if task is None else task.to_dict(),
+            }
+            if not verification.passed and (task is None or not task.verdict.passed):
+                at_task = "" if task is None else f"; {task.summary()}"
                 raise ConversionError(
                     f"the bundle's model does not compute in onnxruntime-web what it computes in "
                     f"ONNX Runtime, so nothing was written to {out}: {verification.summary()}"
+                    f"{at_task}"
                 )
         manifest["shape_repairs"] = [r.to_dict() for r in repairs]
         files = sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file())
@@ -252,6 +296,7 @@ def export_web(
         verification=verification,
         repairs=tuple(repairs),
         inputs=reference.how if reference is not None else None,
+        task=task,
     )
 
 
@@ -427,6 +472,18 @@ def run_bundle_in_node(
             )
             outputs[entry["name"]] = raw.astype(out_dtype).reshape(entry["shape"])
         return outputs
+
+
+def _task_check(
+    model: ir.Model, got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]
+) -> TaskCheck | None:
+    """A quantized model judged at its task; None for a float model (its elementwise parity
+    decides: a float kernel that differs is a bug)."""
+    held = reduced_precision(model)
+    if not held:
+        return None
+    specs, why = infer_judge(model, want)
+    return TaskCheck(held.describe(), why, within_budget(got, want, specs))
 
 
 @dataclasses.dataclass(frozen=True)
