@@ -12,7 +12,7 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ferry.parity import infer_judge, judge, within_budget
+from ferry.parity import DEFAULT_BUDGET, default_budget, infer_judge, judge, within_budget
 
 F, I64, U8 = TensorProto.FLOAT, TensorProto.INT64, TensorProto.UINT8
 
@@ -326,3 +326,19 @@ def test_named_specs_judge_only_their_outputs() -> None:
     got = {"prob": np.array([[0.3, 0.7]], np.float32), "aux": -np.ones((1, 4), np.float32)}
     verdict = within_budget(got, want, [{"kind": "top1", "output": "prob"}])
     assert verdict.passed and [j.output for j in verdict.judgements] == ["prob"]
+
+
+def test_default_budget_is_the_numbers_for_float_and_the_task_for_int8() -> None:
+    tail = [helper.make_node("Gemm", ["d", "w"], ["l"]), helper.make_node("Softmax", ["l"], ["p"])]
+    weights = {"w": _w(8, 4), "s": np.array(0.1, np.float32), "z": np.array(0, np.uint8)}
+    io = ([("x", F, [1, 8])], [("p", F, [1, 4])])
+    float_model = _model([helper.make_node("Identity", ["x"], ["d"]), *tail], *io, weights)
+    budget, words = default_budget(float_model)
+    assert budget == [dict(s) for s in DEFAULT_BUDGET] and "a float source" in words
+    qdq = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+        helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+    ]
+    budget, words = default_budget(_model([*qdq, *tail], *io, weights))
+    assert budget == [{"kind": "top1", "output": "p", "min_agreement": 1.0}]
+    assert words.startswith("judge: top1 on 'p'") and "a static QDQ source" in words

@@ -28,7 +28,7 @@ from ferry.parity._compare import (
     compare_outputs,
     default_tolerance,
 )
-from ferry.parity._infer import infer_judge
+from ferry.parity._infer import default_budget, infer_judge
 from ferry.parity._judges import JUDGE_KINDS, Judge, Judgement, judge
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "ParityReport",
     "Tolerance",
     "compare_outputs",
+    "default_budget",
     "default_tolerance",
     "infer_judge",
     "judge",

@@ -42,8 +42,8 @@ import onnx_ir as ir
 
 from ferry.backends import FALLBACK, get_backend, known_backends, place
 from ferry.errors import FerryError
-from ferry.graph import ReducedPrecision, graph_inputs, reduced_precision
-from ferry.parity import DEFAULT_BUDGET, Budget, BudgetVerdict, infer_judge, within_budget
+from ferry.graph import graph_inputs, reduced_precision
+from ferry.parity import DEFAULT_BUDGET, Budget, BudgetVerdict, default_budget, within_budget
 from ferry.plan import Plan
 from ferry.runtime._measure import (
     alone_session,
@@ -212,7 +212,7 @@ def auto_plan(
     # Built only now: a choice read from the cache needs no session here (``load`` builds it).
     baseline = alone_session(model, threads=threads, source_path=source_path, cache_dir=cache_dir)
     expected = baseline.run(dict(inputs))
-    budget, judge = _budget(model, expected, accuracy, reduced)
+    budget, judge = _budget(model, expected, accuracy)
     candidates = _candidates(model, names, exact=exact, precision=precision)
     # Each candidate is built once: timed here, and the chosen one is the session returned.
     sessions: list[tuple[Candidate, Session]] = [(candidates[0], baseline)]
@@ -255,24 +255,13 @@ _TASK_JUDGE = ({"judge": "the task's, inferred (a reduced-precision source)"},)
 
 
 def _budget(
-    model: ir.Model,
-    expected: Mapping[str, np.ndarray],
-    accuracy: Budget | None,
-    reduced: ReducedPrecision | None,
+    model: ir.Model, expected: Mapping[str, np.ndarray], accuracy: Budget | None
 ) -> tuple[Budget, str]:
     """The budget the candidates are judged by, and the judge in words for the table."""
     if accuracy is not None:
         return accuracy, "judge: the accuracy budget given"
-    if not reduced:
-        return DEFAULT_BUDGET, (
-            "judge: cosine >= 0.999 and argmax agreement >= 99% on every output (a float "
-            "source: engines computing it should agree in the numbers)"
-        )
-    specs, reason = infer_judge(model, expected)
-    return specs, (
-        f"judge: {reason} (a {' and '.join(reduced.kinds)} source: engines round its integers "
-        "differently, so it is judged at the task; --accuracy overrides)"
-    )
+    budget, words = default_budget(model, expected)
+    return budget, words + ("; --accuracy overrides" if "at the task" in words else "")
 
 
 def choose(candidates: Sequence[Candidate]) -> Candidate:
