@@ -342,3 +342,39 @@ def test_default_budget_is_the_numbers_for_float_and_the_task_for_int8() -> None
     budget, words = default_budget(_model([*qdq, *tail], *io, weights))
     assert budget == [{"kind": "top1", "output": "p", "min_agreement": 1.0}]
     assert words.startswith("judge: top1 on 'p'") and "a static QDQ source" in words
+
+
+def test_nms_detector_with_a_varying_count_of_boxes() -> None:
+    def ints(*v: int) -> np.ndarray:
+        return np.array(v, np.int64)
+
+    m = _model(
+        [
+            helper.make_node("NonMaxSuppression", ["b", "s", "top", "iou", "least"], ["sel"]),
+            helper.make_node("Gather", ["sel", "two"], ["k1"], axis=1),
+            helper.make_node("Squeeze", ["k1", "one"], ["k"]),
+            helper.make_node("Squeeze", ["b", "zero"], ["b50"]),
+            helper.make_node("Gather", ["b50", "k"], ["boxes"], axis=0),
+            helper.make_node("Squeeze", ["s", "zero_one"], ["s50"]),
+            helper.make_node("Gather", ["s50", "k"], ["scores"], axis=0),
+        ],
+        [("b", F, [1, 50, 4]), ("s", F, [1, 1, 50])],
+        [("boxes", F, ["M", 4]), ("scores", F, ["M"])],
+        {
+            "top": ints(10), "iou": np.array([0.5], np.float32),
+            "least": np.array([0.3], np.float32), "two": ints(2), "one": ints(1),
+            "zero": ints(0), "zero_one": ints(0, 1),
+        },
+    )  # fmt: skip
+    specs, reason = infer_judge(m)
+    assert specs == [
+        {"kind": "boxes", "output": "boxes", "scores": "scores", "min_agreement": 0.95}
+    ]
+    assert "NonMaxSuppression" in reason
+    boxes, scores, _ = _detections(10)
+    want = {"boxes": boxes[0], "scores": scores[0]}
+    # Reordered, and the best box missing: each side's other boxes still match.
+    got = {"boxes": boxes[0, 1:][::-1], "scores": scores[0, 1:][::-1]}
+    (verdict,) = judge(specs[0])(got, want)
+    kept = int((scores[0] > 0.5).sum())
+    assert verdict.score == pytest.approx((2 * kept - 2) / (2 * kept - 1))
