@@ -164,7 +164,9 @@ def _worst(
             try:
                 scores += [j.score for j in judge(one)(got, want)]
             except FerryError as e:
-                logger.debug("output %s not judged by %s: %s", one["output"], one["kind"], e)
+                # The output the task is judged on is missing: nothing shows it agrees.
+                logger.warning("output %s not judged by %s: %s", one["output"], one["kind"], e)
+                scores.append(0.0)
             continue
         for name in got:
             g, w = np.asarray(got[name]), np.asarray(want[name])
