@@ -26,7 +26,7 @@ import onnx
 import onnx_ir as ir
 
 from ferry.errors import InvalidInputError
-from ferry.graph import reduced_precision
+from ferry.graph import INTEGER_WEIGHTS, reduced_precision
 
 __all__ = ["dequantized"]
 
@@ -71,7 +71,14 @@ def dequantized(model: ir.Model) -> tuple[ir.Model, str]:
     graph = work.graph
     pairs = _drop_activation_qdq(graph)
     dynamic, products = _float_integer_ops(graph)
-    folded = _fold_constants(graph)
+    _fold_constants(graph)
+    # Every stored integer weight is float now (what is left would have been refused below).
+    folded = sum(
+        v.const_value is not None
+        and v.const_value.dtype in INTEGER_WEIGHTS
+        and v.const_value.size > 1
+        for v in model.graph.initializers.values()
+    )
     _float_biases(graph, products)
     import onnx_ir.passes.common as common_passes
 
@@ -307,12 +314,11 @@ def _lstm_as_float(graph: ir.Graph, node: ir.Node) -> None:
     graph.remove(node, safe=False)
 
 
-def _fold_constants(graph: ir.Graph) -> int:
+def _fold_constants(graph: ir.Graph) -> None:
     """Nodes of :data:`_FOLDABLE` whose inputs are all constants, evaluated into float or
-    integer initializers until none is left; returns how many weights became float."""
+    integer initializers until none is left."""
     from onnx.reference import ReferenceEvaluator
 
-    weights = 0
     changed = True
     while changed:
         changed = False
@@ -331,15 +337,11 @@ def _fold_constants(graph: ir.Graph) -> int:
             )
             feeds = {n: a for n, a in zip(names, arrays, strict=True) if n}
             results = ReferenceEvaluator(proto).run(None, feeds)
-            stored = arrays[0]
-            if node.op_type in ("Cast", "DequantizeLinear") and stored is not None:
-                weights += stored.dtype.kind in "iu" and stored.itemsize == 1 and stored.size > 1
             for old, array in zip(node.outputs, results, strict=True):
                 new = _new_constant(graph, np.asarray(array), old.name or "folded")
                 _replace(graph, old, new)
             graph.remove(node, safe=False)
             changed = True
-    return weights
 
 
 def _retyped(model: ir.Model) -> ir.Model:
