@@ -133,7 +133,7 @@ def _replace(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
         out = identity.outputs[0]
         name = old.name
         old.name = _fresh(graph, f"{name}_replaced")
-        out.name, out.dtype, out.shape = name, old.dtype, old.shape
+        out.name, out.type, out.shape = name, old.type, old.shape
         graph.outputs[index] = out
     ir.convenience.replace_all_uses_with(old, new)
 
