@@ -32,7 +32,6 @@ import onnx
 import onnx_ir as ir
 
 from ferry.graph import Dim, inference_proto, proto_shapes
-from ferry.graph._dims import proto_dim
 
 __all__ = ["ShapeRepair", "describe_repairs", "repair_declared_shapes"]
 
@@ -111,15 +110,16 @@ def repair_declared_shapes(
         What was rewritten, graph outputs first.
     """
     inferred = _inferred_from_inputs(model)
-    produced = {k: tuple(int(d) for d in v) for k, v in (produced or {}).items()}
+    sizes = {k: tuple(int(d) for d in v) for k, v in (produced or {}).items()}
     repairs: list[ShapeRepair] = []
     outputs = {o.name for o in proto.graph.output}
+    declarations = proto_shapes(proto)
     for info in (*proto.graph.output, *proto.graph.value_info):
-        if not info.type.HasField("tensor_type") or not info.type.tensor_type.HasField("shape"):
+        declared = declarations.get(info.name)
+        if declared is None:
             continue
-        declared = tuple(proto_dim(d) for d in info.type.tensor_type.shape.dim)
         truth = inferred.get(info.name)
-        after = _truth(declared, truth, produced.get(info.name))
+        after = _truth(declared, truth, sizes.get(info.name))
         if after is not None:
             _write_shape(info, after)
         elif drop_unconfirmed and truth is None and info.name not in outputs:
