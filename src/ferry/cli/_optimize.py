@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     multiple=True,
     metavar="NAME=DIMS",
     help="Size of an input to verify and time at, e.g. x=1,3,640,640 (the model keeps its "
-    "symbolic dims).",
+    "symbolic dims). Default: sizes found by running the model, named in the report.",
 )
 @click.option(
     "--input",
@@ -110,7 +110,7 @@ def command(
     """Optimize MODEL's graph and write it to OUTPUT, if it computes the same and is no slower.
 
     The result is compared with MODEL on the same inputs (ONNX Runtime) and timed against it on
-    the target engine. When it computes something else or runs slower, nothing is written and
+    the target engine, at the sizes given or, with none, at sizes found by running MODEL. When it computes something else or runs slower, nothing is written and
     the exit status is 3 (--force writes it anyway). MODEL is never modified; OUTPUT is written
     atomically.
 

@@ -187,11 +187,12 @@ def optimize(
             timed on ONNX Runtime.
         fix_shapes: fix these inputs' sizes (``{"x": (1, 3, 224, 224)}``) so shape arithmetic
             folds to constants; the optimized model then takes only these sizes.
-        verify: compare outputs with the input model's on ``example_inputs`` (else random inputs
-            at ``shapes``/``fix_shapes``/the model's sizes); a failure refuses the result.
-        measure: time both models on the target engine at the sizes above (about 2 s); slower
-            by more than 5% refuses the result. Skipped, with the reason in the report, when a
-            non-batch dim has no size.
+        verify: compare outputs with the input model's on ``example_inputs`` (else inputs at
+            ``shapes``/``fix_shapes``, or found by running the model:
+            :func:`ferry.runtime.found_inputs`); a failure refuses the result.
+        measure: time both models on the target engine on the same inputs (about 2 s); slower
+            by more than 5% refuses the result. The report names the sizes timed and how they
+            were found; skipped, with the reason, only when no size the model runs at is found.
         example_inputs: real inputs to verify and time with.
         shapes: the input sizes to verify and time at, when no example inputs are given.
         force: keep the optimized model even when refused (the report still says why).
