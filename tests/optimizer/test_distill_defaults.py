@@ -164,6 +164,11 @@ def test_cli_says_what_it_chose_and_what_was_given(
     assert result.exit_code == 2 and "patience" in result.output
 
 
+def weights(value: ir.Value | None) -> np.ndarray:
+    assert value is not None and value.const_value is not None
+    return value.const_value.numpy()
+
+
 def test_half_the_channels_pruned_is_the_original_with_them_silenced(
     teacher: ir.Model, pruned: ir.Model, digits: tuple
 ) -> None:
@@ -175,15 +180,17 @@ def test_half_the_channels_pruned_is_the_original_with_them_silenced(
     cut = [n for n in pruned.graph if n.op_type == "Conv"]
     silenced = whole.clone()
     kept_inputs: list[int] | None = None
-    for big, small, node in zip(layers, cut, [n for n in silenced.graph if n.op_type == "Conv"]):
-        weight = big.inputs[1].const_value.numpy()
+    conv = [n for n in silenced.graph if n.op_type == "Conv"]
+    for big, small, node in zip(layers, cut, conv, strict=True):
+        weight = weights(big.inputs[1])
         if kept_inputs is not None:
             weight = weight[:, kept_inputs]
-        rows = small.inputs[1].const_value.numpy()
+        rows = weights(small.inputs[1])
         kept = [int(np.abs(weight - row).reshape(len(weight), -1).sum(1).argmin()) for row in rows]
         assert len(set(kept)) == len(rows) < len(weight)
         for value in node.inputs[1:3]:
-            array = value.const_value.numpy().copy()
+            assert value is not None
+            array = weights(value).copy()
             array[[i for i in range(len(array)) if i not in kept]] = 0
             value.const_value = ir.tensor(array, name=value.name)
         kept_inputs = kept
