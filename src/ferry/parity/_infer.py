@@ -466,7 +466,7 @@ def _width(node: ir.Node, conv: bool) -> int | None:
         return None
     if conv:
         width = shape[1] if node.op_type == "ConvTranspose" else shape[0]
-    elif node.op_type == "Gemm" and _int_attribute(node, "transB", 0):
+    elif node.op_type == "Gemm" and node.attributes.get_int("transB", 0) == 1:
         width = shape[0]
     else:
         width = shape[-1]
@@ -483,7 +483,7 @@ def _class_axis(out: _Output, softmax: ir.Node) -> int:
     source = softmax.inputs[0]
     in_rank = len(source.shape) if source is not None and source.shape is not None else None
     # Before opset 13 the default axis was 1 (of the input flattened to 2-D there).
-    axis = _int_attribute(softmax, "axis", -1 if out.opset >= 13 else 1)
+    axis = softmax.attributes.get_int("axis", -1 if out.opset >= 13 else 1)
     rank = out.rank or 1
     if in_rank is not None:
         axis %= in_rank
@@ -509,8 +509,3 @@ def _half(out: _Output) -> float:
         return (int(info.max) + int(info.min)) / 2
     zp = float(zero.reshape(-1)[0]) if zero is not None and zero.size else 0.0
     return float(0.5 / float(scale.reshape(-1)[0]) + zp)
-
-
-def _int_attribute(node: ir.Node, name: str, default: int) -> int:
-    attribute = node.attributes.get(name)
-    return default if attribute is None else int(attribute.as_int())
