@@ -239,3 +239,26 @@ def test_the_cli_refuses_with_exit_3_and_requantizes_when_asked(
     assert made.exit_code == 0, made.output
     assert "dequantized float graph" in made.output
     ferry.load(out).run(mlp_feeds(1)[0])
+
+
+def test_a_qoperator_source_is_refused_and_cannot_be_requantized(tmp_path: Path) -> None:
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat
+    from onnxruntime.quantization import quantize_static as ort_static
+
+    from ferry.errors import InvalidInputError
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.items = iter(cnn_feeds(4))
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.items, None)
+
+    onnx.save(small_cnn(), tmp_path / "cnn.onnx")
+    source = tmp_path / "qop.onnx"
+    ort_static(tmp_path / "cnn.onnx", source, Reader(), quant_format=QuantFormat.QOperator)
+    assert "QOperator int8" in reduced_precision(load_model(source)).kinds
+    refused = quantize(source, data=cnn_feeds(8))
+    assert "already quantized" in (refused.report.refused or "")
+    with pytest.raises(InvalidInputError, match="cannot recover the float graph"):
+        quantize(source, data=cnn_feeds(8), requantize=True)

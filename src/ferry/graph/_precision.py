@@ -55,6 +55,9 @@ INTEGER_WEIGHTS = frozenset(
     {ir.DataType.INT8, ir.DataType.UINT8, ir.DataType.INT4, ir.DataType.UINT4}
 )
 _FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+#: An integer constant of up to this many elements widened to float is arithmetic (a few
+#: numbers), not a stored weight.
+_FEW = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +112,7 @@ def reduced_precision(model: ir.Model) -> ReducedPrecision:
             stored = node.inputs[0].const_value
             to = ir.DataType(node.attributes.get_int("to", 0))
             if stored is not None and to in _FLOATS and stored.dtype in INTEGER_WEIGHTS:
-                casts += stored.size > 1
+                casts += stored.size > _FEW
     kinds = []
     if any(op in QDQ_OPS for op in ops):
         kinds.append("static QDQ")
