@@ -230,3 +230,40 @@ def test_not_a_number_guard(tmp_path: Path) -> None:
     proto = model(nodes, {"x": [2, 3, 6]}, ["y", "nan", "pos_inf"], zero)
     ops = opcodes(export(proto, tmp_path, samples={"x": x}))
     assert "NOT_EQUAL" in ops and "EQUAL" in ops
+
+
+def test_a_quantized_encoder_exports_as_int8(tmp_path: Path) -> None:
+    """The BERT layer quantized statically (QDQ, by ONNX Runtime's quantizer) exports as int8
+    with nothing asked: its sizes folded where the optimizer does not run, the GELU written
+    from its Erf in float between a DEQUANTIZE and a QUANTIZE, within the int8 budget."""
+    quantization = pytest.importorskip("onnxruntime.quantization")
+    source = tmp_path / "float.onnx"
+    onnx.save(_encoder(decomposed_ln=False, gelu_op=False, einsum=False), source)
+    rng = np.random.default_rng(4)
+
+    class Calibration(quantization.CalibrationDataReader):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.feeds = iter(
+                {
+                    "input_ids": rng.integers(1, VOCAB, (1, 12), dtype=np.int64),
+                    "attention_mask": np.ones((1, 12), dtype=np.int64),
+                }
+                for _ in range(6)
+            )
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.feeds, None)
+
+    qdq = tmp_path / "qdq.onnx"
+    quantization.quantize_static(
+        str(source),
+        str(qdq),
+        Calibration(),
+        quant_format=quantization.QuantFormat.QDQ,
+        op_types_to_quantize=["MatMul"],  # the GELU's output quantized, its inside not
+        activation_type=quantization.QuantType.QInt8,
+        weight_type=quantization.QuantType.QInt8,
+    )
+    result = export(onnx.load(qdq), tmp_path)
+    assert result.report.precision == "int8" and result.report.passed
+    assert {"QUANTIZE", "GELU"} <= set(opcodes(result))

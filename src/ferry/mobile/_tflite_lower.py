@@ -40,6 +40,7 @@ from ferry.tflite import (
     infer_shapes,
     is_qdq,
     lower_prepared,
+    prepare_static,
     static_inputs,
 )
 
@@ -172,9 +173,11 @@ def _prepared(model: ir.Model, fixed: Mapping[str, tuple[int, ...]], precision: 
             work.graph.inputs.remove(value)
     if fixed:
         FixInputShapesPass(fixed)(work)
-    if precision != "int8":
-        # The QDQ model keeps its structure: folding would merge weights into float constants.
-        pipeline(rule_context(work, "basic", None, fix_shapes=True))(work)
+    if precision == "int8":
+        # The QDQ model keeps its structure (the optimizer would merge weights into float
+        # constants): only shape arithmetic is folded, so that every size is known.
+        return prepare_static(work, {})
+    pipeline(rule_context(work, "basic", None, fix_shapes=True))(work)
     infer_shapes(work)
     work.graph.sort()
     return work

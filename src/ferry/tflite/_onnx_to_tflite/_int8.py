@@ -342,11 +342,22 @@ def _run_float(cx: Lowering, node: ir.Node, translator: Translator) -> None:
         if value in cx.quant:
             hidden[value] = cx.quant.pop(value)
     outputs = {o: cx.quant.pop(o) for o in node.outputs if o in cx.quant}
+    fused_before = set(cx.done)
     try:
         translator(cx, node)
     finally:
         cx.held.update(held)
         cx.quant.update(hidden)
+        # A pattern lowered at once (GELU from its Erf) wrote the last node's output, which
+        # was declared quantized: the float op wrote floats there.
+        for fused in cx.done - fused_before:
+            for value in fused.outputs:
+                done = cx.held.get(value)
+                if value in cx.quant and done is not None:
+                    tensor = cx.b.tensors[done.index]
+                    if tensor.quant is not None and not cx.b.is_const(done.index):
+                        tensor.type, tensor.quant = FLOAT32, None
+                        outputs[value] = cx.quant.pop(value)
         for value, quant in outputs.items():
             cx.quant[value] = quant
             done = cx.held.get(value)
