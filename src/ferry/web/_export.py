@@ -49,7 +49,7 @@ from ferry.errors import (
     ExecutionError,
     InvalidInputError,
 )
-from ferry.graph import graph_inputs, load_model, reduced_precision
+from ferry.graph import graph_inputs, load_model, reduced_precision, without_randomness
 from ferry.parity import (
     BudgetVerdict,
     ParityReport,
@@ -212,9 +212,15 @@ def export_web(
     pre = _preprocessing_dict(preprocessing, loaded)
     dist = ensure_onnxruntime_web(ort_version)
     proto, source_ir = _model_proto(loaded, ops.max_ir_version)
-    reference = _reference_run(loaded, proto, samples, shapes) if verify else None
+    # Random ops (a voice's noise) make two runs of one model differ: the bundle is verified with
+    # its draws at their expected value, in both runtimes; the bundle ships the model as it is.
+    steady, fixed = without_randomness(loaded)
+    check = _model_proto(steady, ops.max_ir_version)[0] if fixed else proto
+    reference = _reference_run(steady, check, samples, shapes, fixed) if verify else None
     produced = {k: v.shape for k, v in reference.want.items()} if reference else None
     repairs = repair_declared_shapes(proto, loaded, produced)
+    if check is not proto:
+        repair_declared_shapes(check, steady, produced)
     staging = staging_dir(out)
     try:
         model_info = _write_model(proto, source_ir, staging / MODEL_FILE)
@@ -255,17 +261,14 @@ def export_web(
         task = None
         if reference is not None:
             feeds, want = reference.feeds, reference.want
-            try:
-                got = run_bundle_in_node(staging, feeds)
-            except ExecutionError as e:
-                if "ShapeInferenceError" not in str(e):
-                    raise
-                # onnxruntime-web's own inference (contrib ops ONNX's does not know) contradicts
-                # a declaration: leave every one inference could not confirm to the runtime.
-                repairs += repair_declared_shapes(proto, loaded, produced, drop_unconfirmed=True)
-                model_info = _write_model(proto, source_ir, staging / MODEL_FILE)
-                manifest["model"] = model_info
-                got = run_bundle_in_node(staging, feeds)
+            if check is not proto:
+                _write_model(check, source_ir, staging / MODEL_FILE)
+            got, dropped = _node_run(staging, feeds, check, steady, produced, source_ir)
+            if dropped and check is not proto:
+                dropped = repair_declared_shapes(proto, loaded, produced, drop_unconfirmed=True)
+            repairs += dropped
+            if check is not proto or dropped:
+                manifest["model"] = _write_model(proto, source_ir, staging / MODEL_FILE)
             verification = compare_outputs(got, want, tolerance=tolerance, inputs=feeds)
             task = None if verification.passed else _task_check(loaded, got, want)
             manifest["verification"] = {
@@ -474,6 +477,29 @@ def run_bundle_in_node(
         return outputs
 
 
+def _node_run(
+    staging: Path,
+    feeds: Mapping[str, np.ndarray],
+    proto: onnx.ModelProto,
+    model: ir.Model,
+    produced: Mapping[str, Sequence[int]] | None,
+    source_ir: int,
+) -> tuple[dict[str, np.ndarray], list[ShapeRepair]]:
+    """The staged bundle's outputs in Node, and the declarations dropped to get them.
+
+    Where onnxruntime-web's own inference (contrib ops ONNX's does not know) still contradicts a
+    declaration, every one ONNX inference could not confirm is left to the runtime, once.
+    """
+    try:
+        return run_bundle_in_node(staging, feeds), []
+    except ExecutionError as e:
+        if "ShapeInferenceError" not in str(e):
+            raise
+    dropped = repair_declared_shapes(proto, model, produced, drop_unconfirmed=True)
+    _write_model(proto, source_ir, staging / MODEL_FILE)
+    return run_bundle_in_node(staging, feeds), dropped
+
+
 def _task_check(
     model: ir.Model, got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]
 ) -> TaskCheck | None:
@@ -501,9 +527,11 @@ def _reference_run(
     proto: onnx.ModelProto,
     samples: Mapping[str, Any] | None,
     shapes: Mapping[str, Sequence[int]] | None,
+    fixed: Sequence[str] = (),
 ) -> _Reference:
     """The inputs to verify on and what ONNX Runtime computes from them on the bundle's copy of
-    the model (before its declared shapes are repaired: ONNX Runtime takes them)."""
+    the model (before its declared shapes are repaired: ONNX Runtime takes them); ``fixed``
+    names the random ops that copy has at their expected value."""
     import onnxruntime as ort
 
     from ferry.backends import ORT_SILENT
@@ -529,4 +557,6 @@ def _reference_run(
     except Exception as e:  # ORT raises its own types from C++
         raise ExecutionError(f"ONNX Runtime cannot run the model to verify the bundle: {e}") from e
     names = [o.name for o in session.get_outputs()]
+    if fixed:
+        how += f"; random ops at their expected value ({', '.join(fixed)})"
     return _Reference(feeds, dict(zip(names, want, strict=True)), how)
