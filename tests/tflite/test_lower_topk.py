@@ -111,3 +111,11 @@ def test_integer_div_and_mod_of_negative_numbers(tmp_path: Path, fmod: int) -> N
     a = np.asarray([[-7, -6, -1, 0, 5, 7], [9, -9, 4, -4, 13, -13]], dtype=np.int64)
     b = np.asarray([[2, -2, 3, 5, -3, 3], [4, 4, -4, -3, 5, -5]], dtype=np.int64)
     export(proto, tmp_path, samples={"a": a, "b": b})
+
+
+def test_float_mod_takes_the_dividends_sign(tmp_path: Path) -> None:
+    nodes = [N("Mod", ["a", "b"], ["r"], fmod=1), N("Mod", ["a", "c"], ["rc"], fmod=1)]
+    proto = model(nodes, {"a": [2, 5], "b": [2, 5]}, ["r", "rc"], {"c": np.float32(-1.5)})
+    a = np.asarray([[-7.5, -6, -1, 0.25, 5], [9, -9.5, 4, -4, 13]], dtype=np.float32)
+    b = np.asarray([[2, -2, 3, 5, -3], [4, 4, -4.5, -3, 5]], dtype=np.float32)
+    assert "FLOOR_MOD" in opcodes(export(proto, tmp_path, samples={"a": a, "b": b}))

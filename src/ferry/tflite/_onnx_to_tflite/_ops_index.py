@@ -12,7 +12,7 @@ Before -> After::
                                               the other axes' own positions (constants)
     Div(a, b) on integers (truncates)     ->  SIGN(a) * SIGN(b) * FLOOR_DIV(|a|, |b|)
     Mod(a, b), fmod=0 (the divisor's sign) ->  FLOOR_MOD(a, b)
-    Mod(a, b), fmod=1 (the dividend's)    ->  SIGN(a) * FLOOR_MOD(|a|, |b|)
+    Mod(a, b), fmod=1 (the dividend's)    ->  SIGN(a) * FLOOR_MOD(|a|, |b|)  (floats too)
 """
 
 from __future__ import annotations
@@ -129,9 +129,9 @@ def _gather_elements(cx: Lowering, node: ir.Node) -> None:
 
 
 def _int32_operands(cx: Lowering, node: ir.Node) -> tuple[list[int], tuple[int, ...], int]:
-    """Both operands broadcast to the result's rank in one layout, as int32 (TFLite's integer
-    division and SIGN take int32; int64 is cast down, which index arithmetic fits): the tensors,
-    the layout and the result's TFLite type."""
+    """Both operands broadcast to the result's rank in one layout, integers as int32 (TFLite's
+    integer division and SIGN take int32; int64 is cast down, which index arithmetic fits),
+    float32 as it is: the tensors, the layout and the result's TFLite type."""
     a, b = node.inputs[0], node.inputs[1]
     if a is None or b is None:
         raise Unsupported("an input is missing")
@@ -141,6 +141,9 @@ def _int32_operands(cx: Lowering, node: ir.Node) -> tuple[list[int], tuple[int, 
     tensors = []
     for v in (a, b):
         t = cx.get_broadcast(v, rank, perm)
+        if cx.dtype(v) == np.float32:  # Mod of floats (fmod=1): computed in float32
+            tensors.append(t)
+            continue
         if cx.ttype_of(t) == INT64:
             if cx.b.is_const(t):
                 t = cx.constant(np.asarray(cx.b.tensors[t].data).astype(np.int32), "i32")
@@ -157,19 +160,19 @@ def _int32_operands(cx: Lowering, node: ir.Node) -> tuple[list[int], tuple[int, 
 def _finish_int(
     cx: Lowering, node: ir.Node, result: int, perm: tuple[int, ...], ttype: int
 ) -> None:
-    """The int32 ``result`` as the node's output (cast back to int64 when that is its type)."""
+    """``result`` as the node's output (an int32 one cast back to int64 when that is its type)."""
     out = node.outputs[0]
-    if ttype == INT32:
+    if ttype == cx.ttype_of(result):
         cx.alias(out, result, perm)
     else:
         cx.emit("CAST", [result], [cx.output(out, perm)])
 
 
 def _apply(cx: Lowering, opcode: str, ins: list[int], name: str) -> int:
-    """``opcode`` of int32 tensors ``ins`` into a new int32 tensor of the broadcast shape."""
+    """``opcode`` of tensors ``ins`` into a new tensor of their type and broadcast shape."""
     shapes = [cx.b.tensors[i].shape for i in ins]
     shape = np.broadcast_shapes(*shapes)
-    dest = cx.temp(name, INT32, shape)
+    dest = cx.temp(name, cx.ttype_of(ins[0]), shape)
     cx.emit(opcode, ins, [dest], _FUSED if opcode in ("MUL", "ADD", "SUB") else None)
     return dest
 
@@ -218,7 +221,8 @@ def _mod(cx: Lowering, node: ir.Node) -> None:
     if cx.dtype(a_v).kind == "f":
         if not fmod:
             raise Unsupported("Mod of floats without fmod=1 (ONNX requires it)")
-        raise Unsupported("Mod of floats (fmod=1) is not lowered")
+        if cx.dtype(a_v) != np.float32:
+            raise Unsupported(f"Mod of {cx.dtype(a_v)} (float32 is lowered)")
     (a, b), perm, ttype = _int32_operands(cx, node)
     name = node.outputs[0].name or "mod"
     if not fmod:
