@@ -119,3 +119,21 @@ def test_float_mod_takes_the_dividends_sign(tmp_path: Path) -> None:
     a = np.asarray([[-7.5, -6, -1, 0.25, 5], [9, -9.5, 4, -4, 13]], dtype=np.float32)
     b = np.asarray([[2, -2, 3, 5, -3], [4, 4, -4.5, -3, 5]], dtype=np.float32)
     assert "FLOOR_MOD" in opcodes(export(proto, tmp_path, samples={"a": a, "b": b}))
+
+
+def test_gather_nd_runtime_and_constant_coordinates(tmp_path: Path) -> None:
+    """GatherND (batch_dims 0): coordinates computed at run time (an ArgMax's, some negative
+    after a Sub) and constant ones with negatives."""
+    nodes = [
+        N("ArgMax", ["x"], ["am"], axis=2, keepdims=1),  # [3, 4, 1]: along the last axis
+        N("Sub", ["am", "one"], ["col"]),
+        N("GatherND", ["rows", "col"], ["picked"]),  # rows [5, 6]: coordinates of rank 1
+        N("GatherND", ["x", "fixed"], ["fixed_y"]),
+    ]
+    inits = {
+        "one": _i64(1),
+        "rows": weights(5, 6),
+        "fixed": np.asarray([[0, -1], [2, 1], [-3, 0]], dtype=np.int64),
+    }
+    proto = model(nodes, {"x": [3, 4, 5]}, ["picked", "fixed_y"], inits)
+    assert opcodes(export(proto, tmp_path)).count("GATHER_ND") == 2

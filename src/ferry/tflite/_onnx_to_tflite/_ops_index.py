@@ -10,6 +10,7 @@ Before -> After::
     TopK(x, k, largest=0)                 ->  NEG, TOPK_V2, NEG (the smallest: largest of -x)
     GatherElements(data, idx, axis)       ->  GATHER_ND(data, coords): coords[..., a] = idx,
                                               the other axes' own positions (constants)
+    GatherND(data, idx), batch_dims=0     ->  GATHER_ND (negative coordinates wrapped)
     Div(a, b) on integers (truncates)     ->  SIGN(a) * SIGN(b) * FLOOR_DIV(|a|, |b|)
     Mod(a, b), fmod=0 (the divisor's sign) ->  FLOOR_MOD(a, b)
     Mod(a, b), fmod=1 (the dividend's)    ->  SIGN(a) * FLOOR_MOD(|a|, |b|)  (floats too)
@@ -123,6 +124,37 @@ def _gather_elements(cx: Lowering, node: ir.Node) -> None:
             cx.emit("CONCATENATION", parts, [coords], options)
     source = cx.get(data, identity(rank))
     cx.emit("GATHER_ND", [source, coords], [cx.output(out)])
+
+
+def _gather_nd(cx: Lowering, node: ir.Node) -> None:
+    """GatherND without batch dims is TFLite's GATHER_ND; negative coordinates wrapped by the
+    size of the axis each one indexes."""
+    data, indices = node.inputs[0], node.inputs[1]
+    if data is None or indices is None:
+        raise Unsupported("an input is missing")
+    if int(attr(node, "batch_dims", 0)):
+        raise Unsupported("batch_dims > 0 (TFLite's GATHER_ND has none)")
+    shape = cx.shape(data)
+    idx_shape = cx.shape(indices)
+    depth = idx_shape[-1]
+    sizes = np.asarray(shape[:depth], dtype=np.int32)
+    found = cx.const(indices)
+    if found is not None:
+        coords = cx.constant(np.where(found < 0, found + sizes, found).astype(np.int32), "coords")
+    else:
+        if cx.dtype(indices).kind not in "iu":
+            raise Unsupported("the indices are not integers")
+        coords = cx.get(indices, identity(len(idx_shape)))
+        if cx.ttype_of(coords) != INT32:
+            cast = cx.temp(f"{indices.name}/i32", INT32, idx_shape)
+            cx.emit("CAST", [coords], [cast])
+            coords = cast
+        if not _non_negative(indices):
+            wrapped = cx.temp(f"{indices.name}/wrapped", INT32, idx_shape)
+            cx.emit("FLOOR_MOD", [coords, cx.constant(sizes, "axis_sizes")], [wrapped])
+            coords = wrapped
+    source = cx.get(data, identity(len(shape)))
+    cx.emit("GATHER_ND", [source, coords], [cx.output(node.outputs[0])])
 
 
 # ------------------------------------------------------------------------ integer arithmetic
@@ -239,6 +271,7 @@ def _mod(cx: Lowering, node: ir.Node) -> None:
 OPS: dict[str, Translator] = {
     "TopK": _topk,
     "GatherElements": _gather_elements,
+    "GatherND": _gather_nd,
     "Div": _div,
     "Mod": _mod,
 }
