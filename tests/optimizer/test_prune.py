@@ -308,11 +308,17 @@ def test_magnitude_hits_the_sparsity(sparsity: float) -> None:
     assert report.after.params == report.before.params and report.macs_after == report.macs_before
     assert "not faster" in report.note and "compressed" in report.note
     assert report.after.compressed_bytes < report.before.compressed_bytes
+    # The stem (the first layer, a small share of the weights) stays dense; the rest hit it.
+    (stem,) = report.skipped
+    assert "the first layer" in stem["reason"]
     for node in result.model.graph:
         if node.op_type in ("Conv", "Gemm"):
             weight = constant(node.inputs[1])
             zeros = 1 - np.count_nonzero(weight) / weight.size
-            assert abs(zeros - sparsity) <= 1 / weight.size + 1e-9, node.name
+            want = 0.0 if node.name == stem["name"] else sparsity
+            assert abs(zeros - want) <= 1 / weight.size + 1e-9, node.name
+    # An MLP's first layer holds half its weights: zeroed like the rest.
+    assert prune(_zoo("mlp"), method="magnitude", sparsity=sparsity).report.skipped == ()
 
 
 def test_2_4_pattern_and_validator() -> None:

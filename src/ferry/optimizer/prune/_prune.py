@@ -311,7 +311,7 @@ def _zeroing(work: ir.Model, method: str, sparsity: float, exclude: frozenset[st
     before, macs_before = sizes(work), macs(work)
     skipped: list[tuple[str, str]] = []
     if method == "magnitude":
-        layers = magnitude(work, sparsity, exclude)
+        layers, skipped = magnitude(work, sparsity, exclude)
     else:
         layers, skipped = sparse_2_4(work, exclude)
     report = PruneReport(

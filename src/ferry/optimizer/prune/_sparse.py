@@ -33,18 +33,55 @@ def _layers(model: ir.Model, exclude: frozenset[str]) -> Iterator[tuple[ir.Node,
                 yield node, index, axis
 
 
-def magnitude(model: ir.Model, sparsity: float, exclude: frozenset[str]) -> list[str]:
-    """Zero the smallest ``sparsity`` of each layer weight, by absolute value, in place.
+#: A first layer holding less than this share of the layers' weights keeps them all.
+FIRST_LAYER_SHARE = 0.05
+
+
+def _first_layers(model: ir.Model, layers: list[tuple[ir.Node, int, int]]) -> dict[str, str]:
+    """The layers that read a graph input (the first layers) and hold under
+    :data:`FIRST_LAYER_SHARE` of the weights, each with the reason it keeps them.
+
+    Measured on the digits CNN at sparsity 0.5: with its first conv's 144 weights (1.5% of the
+    layers') zeroed too, 95.83% test accuracy; kept, 98.61% (the original's) at 51% non-zero
+    instead of 50%. An MLP's first layer holds half its weights and is zeroed like the rest.
+    """
+    sizes = {id(node): constant(node.inputs[index]) for node, index, _ in layers}
+    total = sum(w.size for w in sizes.values() if w is not None) or 1
+    inputs = {v for v in model.graph.inputs if v.name not in model.graph.initializers}
+    kept = {}
+    for node, _, _ in layers:
+        weight = sizes[id(node)]
+        if weight is None or node.inputs[0] not in inputs:
+            continue
+        share = weight.size / total
+        if share < FIRST_LAYER_SHARE:
+            kept[node.name or node.op_type] = (
+                f"the first layer (reads {node.inputs[0].name!r}), {weight.size} weights "
+                f"({share:.1%} of them): zeroing it saves little and costs much accuracy"
+            )
+    return kept
+
+
+def magnitude(
+    model: ir.Model, sparsity: float, exclude: frozenset[str]
+) -> tuple[list[str], list[tuple[str, str]]]:
+    """Zero the smallest ``sparsity`` of each layer weight, by absolute value, in place; a small
+    first layer keeps its weights (:func:`_first_layers`).
 
     Before -> After (sparsity 0.5)::
 
         Conv W = [0.3, -0.1, 0.05, -0.8]  ->  Conv W = [0.3, 0, 0, -0.8]
 
     Returns:
-        The names of the nodes whose weights were zeroed.
+        The names of the nodes whose weights were zeroed, and ``(node, reason)`` for the layers
+        left dense.
     """
     done = []
-    for node, index, _ in _layers(model, exclude):
+    layers = list(_layers(model, exclude))
+    first = _first_layers(model, layers)
+    for node, index, _ in layers:
+        if (node.name or node.op_type) in first:
+            continue
         weight = constant(node.inputs[index])
         assert weight is not None
         count = round(weight.size * sparsity)
@@ -55,7 +92,7 @@ def magnitude(model: ir.Model, sparsity: float, exclude: frozenset[str]) -> list
         flat[np.argpartition(np.abs(flat), count - 1)[:count]] = 0
         write(node, index, flat.reshape(weight.shape), shared_too=True)
         done.append(node.name or node.op_type)
-    return done
+    return done, list(first.items())
 
 
 def _groups_of_four(weight: np.ndarray, axis: int) -> np.ndarray:
