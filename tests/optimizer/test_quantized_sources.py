@@ -262,3 +262,42 @@ def test_a_qoperator_source_is_refused_and_cannot_be_requantized(tmp_path: Path)
     assert "already quantized" in (refused.report.refused or "")
     with pytest.raises(InvalidInputError, match="cannot recover the float graph"):
         quantize(source, data=cnn_feeds(8), requantize=True)
+
+
+def _embedding_then_matmul() -> onnx.ModelProto:
+    """ids -> Gather from an int8 table (Cast, Mul) -> MatMul by an int8 weight (Cast, Mul)."""
+    rng = np.random.default_rng(5)
+    table, weight = rng.normal(size=(50, 32)), rng.normal(0, 0.2, (32, 16))
+    weights: dict[str, np.ndarray] = {}
+    nodes = []
+    for name, w in (("table", table), ("w", weight)):
+        scale = (np.abs(w).max(axis=0) / 127).astype(np.float32)
+        weights[f"{name}_q"] = np.round(w / scale).astype(np.int8)
+        weights[f"{name}_s"] = scale
+        nodes += [
+            helper.make_node("Cast", [f"{name}_q"], [f"{name}_f"], to=TensorProto.FLOAT),
+            helper.make_node("Mul", [f"{name}_f", f"{name}_s"], [name]),
+        ]
+    nodes += [
+        helper.make_node("Gather", ["table", "ids"], ["e"]),
+        helper.make_node("MatMul", ["e", "w"], ["y"]),
+    ]
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 16])
+    return _model(nodes, [ids], [y], weights)
+
+
+def test_requantize_keeps_an_int8_table_no_weighted_op_reads() -> None:
+    # Static int8 quantizes Conv/Gemm/MatMul weights; an embedding table made float would stay
+    # float, 4x larger than the source stored it.
+    source = load_model(_embedding_then_matmul())
+    _, how = dequantized(source)
+    assert "1 weight(s) dequantized" in how and "1 int8 weight(s)" in how
+    rng = np.random.default_rng(6)
+    feeds = [{"ids": rng.integers(0, 50, (1, 4))} for _ in range(8)]
+    result = quantize(source, data=feeds, requantize=True, force=True)
+    assert result.report.quantized, result.report.lines()
+    kinds = reduced_precision(result.model).kinds
+    assert "static QDQ" in kinds and "weight-only int8" in kinds
+    want, got = ferry.load(source).run(feeds[0]), ferry.load(result.model).run(feeds[0])
+    assert _cosine(got["y"], want["y"]) > 0.99

@@ -72,17 +72,11 @@ def dequantized(model: ir.Model) -> tuple[ir.Model, str]:
     pairs = _drop_activation_qdq(graph)
     dynamic, products = _float_integer_ops(graph)
     _fold_constants(graph)
-    # Every stored integer weight is float now (what is left would have been refused below).
-    folded = sum(
-        v.const_value is not None
-        and v.const_value.dtype in INTEGER_WEIGHTS
-        and v.const_value.size > 1
-        for v in model.graph.initializers.values()
-    )
     _float_biases(graph, products)
     import onnx_ir.passes.common as common_passes
 
     common_passes.RemoveUnusedNodesPass()(work)
+    stored, kept = _integer_weights(model), _integer_weights(work)
     left = reduced_precision(work)
     if left.ops:
         raise InvalidInputError(
@@ -94,8 +88,10 @@ def dequantized(model: ir.Model) -> tuple[ir.Model, str]:
 
     work = prepare(_retyped(work))
     words = (
-        f"re-quantized from its dequantized float graph ({folded} weight(s) dequantized, "
-        f"{pairs} activation Q/DQ pair(s) dropped, {dynamic} dynamic int8 op(s) made float)"
+        f"re-quantized from its dequantized float graph ({stored - kept} weight(s) dequantized, "
+        f"{pairs} activation Q/DQ pair(s) dropped, {dynamic} dynamic int8 op(s) made float"
+        + (f"; {kept} int8 weight(s) read by ops int8 does not quantize kept" if kept else "")
+        + ")"
     )
     return work, words
 
@@ -268,7 +264,7 @@ def _integer_as_float(graph: ir.Graph, node: ir.Node) -> ir.Value:
     _replace(graph, node.outputs[0], out)
     out.name = node.outputs[0].name
     node.outputs[0].name = _fresh(graph, f"{out.name}_int")
-    graph.remove(node, safe=False)
+    graph.remove(node, safe=True)
     return out
 
 
@@ -311,12 +307,54 @@ def _lstm_as_float(graph: ir.Graph, node: ir.Node) -> None:
         name = old.name
         old.name = _fresh(graph, f"{name}_int")
         new.name = name
-    graph.remove(node, safe=False)
+    graph.remove(node, safe=True)
+
+
+def _integer_weights(model: ir.Model) -> int:
+    """Stored integer weights that something reads."""
+    return sum(
+        v.const_value is not None
+        and v.const_value.dtype in INTEGER_WEIGHTS
+        and v.const_value.size > _FEW
+        and bool(v.uses())
+        for v in model.graph.initializers.values()
+    )
+
+
+#: Ops whose weights quantization quantizes (static: Conv, Gemm, MatMul; the recurrent ones as
+#: dynamic int8 does).
+_WEIGHTED = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "LSTM", "GRU", "Attention"})
+#: An integer constant of up to this many elements is arithmetic, not a stored weight.
+_FEW = 16
+
+
+def _widens_a_kept_weight(node: ir.Node, arrays: Sequence[np.ndarray | None]) -> bool:
+    """A Cast widening a stored int8 weight that no weighted op reads (an embedding table
+    read by Gather): left as it is, so the table stays int8 (quantization would store it float
+    and leave it float, a 4x larger model)."""
+    if node.op_type != "Cast" or not arrays or arrays[0] is None:
+        return False
+    if arrays[0].dtype.kind not in "iu" or arrays[0].itemsize != 1 or arrays[0].size <= _FEW:
+        return False
+    seen: set[int] = set()
+    values = list(node.outputs)
+    while values:
+        value = values.pop()
+        for user, _ in value.uses():
+            if id(user) in seen:
+                continue
+            seen.add(id(user))
+            if user.op_type in _WEIGHTED:
+                return False
+            if user.op_type in _FOLDABLE:  # the scale and zero point on the way
+                values.extend(user.outputs)
+    return True
 
 
 def _fold_constants(graph: ir.Graph) -> None:
     """Nodes of :data:`_FOLDABLE` whose inputs are all constants, evaluated into float or
-    integer initializers until none is left."""
+    integer initializers until none is left (but a Cast widening an int8 weight that no
+    weighted op reads)."""
     from onnx.reference import ReferenceEvaluator
 
     changed = True
@@ -327,6 +365,8 @@ def _fold_constants(graph: ir.Graph) -> None:
                 continue
             arrays = [_constant(v) if v is not None else None for v in node.inputs]
             if any(a is None for a, v in zip(arrays, node.inputs, strict=True) if v is not None):
+                continue
+            if _widens_a_kept_weight(node, arrays):
                 continue
             names = [f"i{i}" if v is not None else "" for i, v in enumerate(node.inputs)]
             proto = onnx.helper.make_node(
@@ -340,7 +380,7 @@ def _fold_constants(graph: ir.Graph) -> None:
             for old, array in zip(node.outputs, results, strict=True):
                 new = _new_constant(graph, np.asarray(array), old.name or "folded")
                 _replace(graph, old, new)
-            graph.remove(node, safe=False)
+            graph.remove(node, safe=True)
             changed = True
 
 
