@@ -272,7 +272,9 @@ def distill(
         labels: class labels of the samples in data order (an array or a ``.npy`` file); only
             reported (held-back accuracy), never trained on.
         seed: seeds the shuffling and any projection's initial weights; the same seed, data and
-            thread count give the same weights.
+            thread count give the same weights, with ``epochs`` and ``lr`` given. Chosen, they
+            follow timings only where the time budget binds (a timed step sizes the range test
+            and the schedule's length): the report's plan says which.
         max_seconds: the time budget of the training (the range test included): stop before an
             epoch that would end past it (judged by the last epoch's time); at least one epoch
             runs. None: 300 s when ``epochs`` is not given, else no limit.
