@@ -78,3 +78,26 @@ def test_transformer_kit_models_export_as_typed(mid: str, tmp_path: Path) -> Non
     assert result.report.passed and out.is_file()
     assert [v.placement.kernels for v in result.report.verification] == list(KERNELS)
     assert any(n.startswith("inputs found") for n in result.report.notes)
+
+
+def test_a_dynamic_int8_model_exports_as_its_float_computation(tmp_path: Path) -> None:
+    """The captcha recognizer quantized dynamically (DynamicQuantizeLinear, ConvInteger, a
+    DynamicQuantizeLSTM) was refused; it exports as the float computation it stands for, and
+    LiteRT reads the kit's captchas as ONNX Runtime reads them with the int8 model."""
+    mid = "captcha_ocr_dynint8"
+    source = kit_models.path(mid)
+    shapes = {k: v.shape for k, v in kit_models.feeds(mid).items()}
+    result = export_tflite(source, tmp_path / "ocr.tflite", shapes=shapes)
+    assert result.report.passed and result.report.precision == "fp32"
+    assert any(n.startswith("dynamic int8 model") for n in result.report.notes)
+    io = (
+        [(x.name, x.perm) for x in result.report.inputs],
+        [(x.name, x.perm) for x in result.report.outputs],
+    )
+    reference = ferry.load(source)
+    for kernels in KERNELS:
+        runtime = LiteRT(result.path.read_bytes(), kernels, *io)
+        for index in (0, 1, 2):
+            feeds = kit_models.feeds(mid, index)
+            got, want = runtime.run(feeds), reference.run(feeds)
+            kit_models.judged(mid, f"export tflite dynamic int8 ({kernels})", got, want)

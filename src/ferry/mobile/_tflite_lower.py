@@ -29,7 +29,7 @@ import onnx
 import onnx_ir as ir
 
 from ferry.errors import UnsupportedOpError
-from ferry.graph import load_model, prepare
+from ferry.graph import load_model, prepare, reduced_precision
 from ferry.tflite import (
     PRECISIONS,
     TRANSLATORS,
@@ -50,6 +50,7 @@ __all__ = [
     "IOInfo",
     "Lowered",
     "ModelSource",
+    "is_dynamic_int8",
     "lower_model",
     "optional_inputs",
     "source_precision",
@@ -108,6 +109,9 @@ def lower_model(
     source = load_model(model)
     precision = precision or source_precision(source)
     check_precision(source, precision)
+    undone = None
+    if is_dynamic_int8(source):
+        source, undone = _float_computation(source)
     fixed, batch = static_inputs(source, shapes or {})
     work = _prepared(source, fixed, precision)
     try:
@@ -118,6 +122,8 @@ def lower_model(
         if not e.ops:
             raise
         raise UnsupportedOpError(f"{e}\n{_ORT_MOBILE_HINT}", e.ops) from e
+    if undone is not None:
+        lowered.notes.append(undone)
     defaults = optional_inputs(source)
     if defaults:
         lowered.notes.append(
@@ -125,6 +131,31 @@ def lower_model(
             f"default on the first call, then what the last call returned): {', '.join(defaults)}"
         )
     return lowered
+
+
+def is_dynamic_int8(model: ir.Model) -> bool:
+    """Whether the model is quantized dynamically (DynamicQuantizeLinear, ConvInteger,
+    MatMulInteger) and not statically: TFLite's integer kernels take static parameters only, so
+    it is exported as the float computation it stands for."""
+    kinds = reduced_precision(model).kinds
+    return "dynamic int8" in kinds and "static QDQ" not in kinds
+
+
+def _float_computation(model: ir.Model) -> tuple[ir.Model, str]:
+    """A dynamic int8 model's float graph (``ferry.optimizer.quantize.dequantized``: its
+    weights as stored, dequantized) and the report's line about it.
+
+    Raises:
+        InvalidInputError: quantization that cannot be undone (QOperator ops and the like).
+    """
+    from ferry.optimizer.quantize import dequantized
+
+    work, _ = dequantized(model)
+    return work, (
+        "dynamic int8 model: exported as the float computation it stands for (its int8 "
+        "weights dequantized as stored; activations no longer rounded at run time), checked "
+        "against the int8 model within the int8 budget"
+    )
 
 
 def source_precision(model: ir.Model) -> str:
