@@ -78,24 +78,26 @@ class QuantizeReport:
         d = dataclasses.asdict(self)
         d["metric"] = {k: v for k, v in self.metric.items() if k != "function"}
         d["speedup"] = self.speedup
+        if math.isnan(self.score_after):  # not judged (refused before quantizing): JSON null
+            d["score_after"] = None
         return d
 
     def lines(self) -> list[str]:
         """The report in words, for the CLI."""
+        if math.isnan(self.score_after):  # refused before anything was made: the source
+            return [f"{self.precision} for {self.target}", f"source: {self.source}"]
         out = [
             f"{self.precision} for {self.target} ({self.scheme}"
             + (f"; {self.method} calibration)" if self.method != "-" else ")"),
             f"data: {self.samples}",
+            judge_line(self.metric),
         ]
-        if not math.isnan(self.score_after):
-            out.append(judge_line(self.metric))
         if self.source:
             out.append(f"source: {self.source}")
-        if not math.isnan(self.score_after):
-            out.append(
-                f"{self.metric.get('kind')}: {self.score_before:.4f} -> {self.score_after:.4f} "
-                f"(budget: at least {self.budget:.4f})"
-            )
+        out.append(
+            f"{self.metric.get('kind')}: {self.score_before:.4f} -> {self.score_after:.4f} "
+            f"(budget: at least {self.budget:.4f})"
+        )
         if self.latency_skipped:
             out.append(f"latency not measured: {self.latency_skipped}")
         elif self.latency_before_ms is not None and self.latency_after_ms is not None:
