@@ -358,7 +358,18 @@ def _samples(
     logger.warning("calibrating on RANDOM data: the quantized model's accuracy means nothing")
     # At sizes the model runs at (found by running it), with ids inside the tables they index.
     found = found_inputs(model)
-    feeds = [found_inputs(model, found.shapes, seed=i).feeds for i in range(8)]
+    rng = np.random.default_rng(0)
+    # Eight samples from one probe: float tensors drawn again; ids, masks and the scalars or
+    # vectors found by use (a voice's noise scales) kept as found.
+    feeds = [
+        {
+            k: rng.standard_normal(v.shape).astype(v.dtype)
+            if v.dtype.kind == "f" and v.ndim >= 2
+            else v
+            for k, v in found.feeds.items()
+        }
+        for _ in range(8)
+    ]
     return split(feeds, f"random data at {found.how}", random=True)
 
 
