@@ -301,3 +301,19 @@ def test_requantize_keeps_an_int8_table_no_weighted_op_reads() -> None:
     assert "static QDQ" in kinds and "weight-only int8" in kinds
     want, got = ferry.load(source).run(feeds[0]), ferry.load(result.model).run(feeds[0])
     assert _cosine(got["y"], want["y"]) > 0.99
+
+
+def test_compress_refuses_a_quantized_source_unless_the_recipe_requantizes(
+    sources: dict[str, Path],
+) -> None:
+    from ferry.optimizer import compress
+
+    refused = compress(sources["qdq"], recipe="quantize:int8", data=cnn_feeds(8))
+    assert not refused.accepted
+    assert "already quantized" in (refused.report.refused or "")
+    made = compress(
+        sources["qdq"], recipe="quantize:int8:requantize", data=cnn_feeds(8), force=True
+    )
+    stage = made.report.rows[-1]
+    assert stage.skipped is None or "slower" in stage.skipped, stage.skipped
+    assert "dequantized float graph" in stage.details["source"]

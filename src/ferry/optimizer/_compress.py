@@ -70,6 +70,7 @@ _OPTIONS: dict[str, dict[str, type]] = {
         "budget": str,
         "dynamic": bool,
         "per_channel": bool,
+        "requantize": bool,  # a source already quantized: quantize its float graph
     },
 }
 _PRUNE_METHODS = ("channel", "magnitude", "2:4")
@@ -96,7 +97,7 @@ def parse(recipe: str) -> list[Stage]:
     ``prune:2:4``, ``prune:magnitude=0.5:criterion=l2:exclude=conv1+conv2``,
     ``prune:channel=0.5:multiple=1`` (exact counts, not the CPU's channel block),
     ``distill:epochs=5:lr=0.0005``, ``quantize:int8``, ``quantize:fp16``,
-    ``quantize:int8:method=mse:budget=2%``.
+    ``quantize:int8:method=mse:budget=2%``, ``quantize:int8:requantize`` (a quantized source).
 
     Raises:
         InvalidInputError: an unknown stage, option or value, named with the known ones.
