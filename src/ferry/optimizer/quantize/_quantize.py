@@ -295,7 +295,8 @@ def _refused_source(
         f"the model is already quantized: {held}. Quantizing it again would quantize "
         "quantized ops (rounding twice, or a model ONNX Runtime cannot run). Give "
         "--requantize to quantize its dequantized float graph instead (judged and timed "
-        "against this model), or quantize its float original"
+        "against this model; in a compress recipe, quantize:int8:requantize), or quantize "
+        "its float original"
     )
     report = QuantizeReport(
         target=target,
