@@ -111,18 +111,32 @@ def _last_error(stdout: str, stderr: str) -> str:
 
 def _verdict(rc: int, stdout: str, stderr: str) -> tuple[str, str] | None:
     """(status, detail) for an exit that settles the cell (a refusal or a failure); None: exit 0
-    without noise, to be judged."""
+    without noise, to be judged.
+
+    Exit 2 with one ``error:`` line, or exit 3 (refused: over budget, slower, nothing to do) with
+    its ``not written:`` line, is a clean refusal; a library's log lines on the terminal
+    (``WARNING root: ...``) make it a failure.
+    """
     noisy = any(n in stderr for n in _NOISE)
     if rc == 0 and not noisy:
         return None
-    if rc in (2, 3) and not noisy:
-        lines = _error_lines(stderr)
+    lines = _error_lines(stderr)
+    logged = [line for line in lines if _LOG_LINE.match(line)]
+    if rc in (2, 3) and not noisy and not logged:
         errors = [line for line in lines if line.startswith("error:")]
+        if rc == 3 and not errors:
+            errors = [ln for ln in _error_lines(stdout + "\n" + stderr) if "not written" in ln]
         if len(errors) == 1 and not any(w in errors[0] for w in _NOT_A_REFUSAL):
-            more = len(lines) - 1
+            more = len(lines) - 1 if errors[0] in lines else 0
             # A refusal that lists what it names (every unsupported node) on lines of its own.
-            return REFUSED, errors[0] + (f" (+{more} lines)" if more else "")
+            return REFUSED, errors[0].strip() + (f" (+{more} lines)" if more else "")
+    if logged:
+        return FAIL, f"exit {rc}, a library's log on the terminal: {logged[0][:300]}"
     return FAIL, f"exit {rc}: {_last_error(stdout, stderr)}"
+
+
+#: A Python logging line from a library (``WARNING root: ...``, ``WARNING onnxruntime.tools...``).
+_LOG_LINE = re.compile(r"^(WARNING|INFO|DEBUG) [\w.]+: ")
 
 
 def reference(path: Path, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -144,12 +158,16 @@ def _judge_all(
     *,
     indices: tuple[int, ...] = (0, 1),
     budget: str | None = None,
+    adapt: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
 ) -> tuple[str, str, float | None]:
     """Judge ``runner`` against ONNX Runtime on ``path`` on the kit's inputs ``indices``
-    (``budget``: the loss allowed, as :func:`kit_models.judged` takes it)."""
+    (``budget``: the loss allowed, as :func:`kit_models.judged` takes it; ``adapt``: the kit
+    inputs made fit for what the verb wrote, given to both)."""
     worst: float | None = None
     for index in indices:
         feeds = kit_models.feeds(mid, index)
+        if adapt is not None:
+            feeds = adapt(feeds)
         got = runner(feeds)
         try:
             verdicts = kit_models.judged(mid, verb, got, reference(path, feeds), budget=budget)
@@ -200,6 +218,28 @@ def _tflite_runner(
     return run
 
 
+def _fit_images(out: Path) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """Kit images resized to the sizes the TFLite export fixed (found, not given): a page at
+    224x224 where the kit's is 640x480 is still a realistic input to judge the export on."""
+    import json
+
+    from skimage.transform import resize
+
+    report = json.loads((out / "tflite.json").read_text(encoding="utf-8"))
+    shapes = {io["name"]: tuple(io["shape"]) for io in report["inputs"]}
+
+    def adapt(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        fitted = {}
+        for name, array in feeds.items():
+            shape = shapes.get(name)
+            if shape and array.ndim == 4 and array.dtype.kind == "f" and shape != array.shape:
+                array = resize(array, shape, order=1, anti_aliasing=True).astype(array.dtype)
+            fitted[name] = array
+        return fitted
+
+    return adapt
+
+
 def _judge_product(mid: str, verb: str, path: Path, out: Path) -> tuple[str, str, float | None]:
     """Judge what ``verb`` wrote into ``out`` (exit 0), or check what it printed."""
     if verb == "run":
@@ -228,7 +268,7 @@ def _judge_product(mid: str, verb: str, path: Path, out: Path) -> tuple[str, str
     if verb == "tflite":
         try:
             runner = _tflite_runner(out, path)
-            return _judge_all(mid, "tflite", path, runner)
+            return _judge_all(mid, "tflite", path, runner, adapt=_fit_images(out))
         except Exception as e:  # sizes the export fixed, LiteRT refusing: say so
             return FAIL, f"judge: {type(e).__name__}: {str(e).splitlines()[0][:300]}", None
     return PASS, "exit 0", None
