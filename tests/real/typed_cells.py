@@ -220,7 +220,8 @@ def _tflite_runner(
 
 def _fit_images(out: Path) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
     """Kit images resized to the sizes the TFLite export fixed (found, not given): a page at
-    224x224 where the kit's is 640x480 is still a realistic input to judge the export on."""
+    224x224 where the kit's is 640x480 is still a realistic input to judge the export on (and
+    the first tile of a round where the export's batch is 1)."""
     import json
 
     from skimage.transform import resize
@@ -233,6 +234,8 @@ def _fit_images(out: Path) -> Callable[[dict[str, np.ndarray]], dict[str, np.nda
         for name, array in feeds.items():
             shape = shapes.get(name)
             if shape and array.ndim == 4 and array.dtype.kind == "f" and shape != array.shape:
+                # A batch fixed smaller (one tile of a round) takes the first samples.
+                array = array[: shape[0]]
                 array = resize(array, shape, order=1, anti_aliasing=True).astype(array.dtype)
             fitted[name] = array
         return fitted
@@ -376,10 +379,12 @@ _INPUT_WORDS = ("--shape", "--input", "indices", "out of", "shape", "Concat", "R
 
 
 def owner(cell: Cell) -> str:
-    """Who fixes a failed cell: wrong sizes or ids are INPUTS', judges JUDGES', the rest by
-    verb (LEAD when no helper owns it)."""
+    """Who fixes a failed cell: judges JUDGES', the verbs with an owner theirs, wrong sizes or
+    ids INPUTS', the rest LEAD's."""
     if (cell.verb == "quantize" and "judge" in cell.detail) or "cosine" in cell.detail:
         return "JUDGES"
+    if cell.verb in _OWNER_BY_VERB:
+        return _OWNER_BY_VERB[cell.verb]
     if any(w in cell.detail for w in _INPUT_WORDS):
         return "INPUTS"
-    return _OWNER_BY_VERB.get(cell.verb, "LEAD")
+    return "LEAD"
