@@ -69,7 +69,9 @@ def main() -> None:
     def one(key: tuple[str, str]) -> typed_cells.Cell:
         mid, verb = key
         cell = typed_cells.run_cell(mid, verb, paths[mid], args.work, args.timeout)
-        print(f"{mid:22} {verb:10} {cell.status:8} {cell.seconds:6.1f}s  {cell.detail}", flush=True)
+        score = "" if cell.score is None else f" (worst score {cell.score:.6f})"
+        line = f"{mid:22} {verb:10} {cell.status:8} {cell.seconds:6.1f}s  {cell.detail}{score}"
+        print(line, flush=True)
         return cell
 
     # Verb by verb (fast verbs first), every model: a slow verb does not hold the others back.
