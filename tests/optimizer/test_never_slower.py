@@ -90,3 +90,23 @@ def test_a_compress_that_changes_nothing_is_refused() -> None:
     assert not result.accepted
     refused = result.report.refused or ""
     assert "no stage changed the model" in refused and "nothing was quantized" in refused
+
+
+def test_a_model_with_random_ops_is_verified_at_their_expected_value() -> None:
+    # x + noise, and an Identity to remove: two runs never agree on the noise, so parity is
+    # judged with the draw at its expected value (the kit's VITS voice was refused before).
+    graph = helper.make_graph(
+        [
+            helper.make_node("RandomNormalLike", ["x"], ["noise"], scale=0.5),
+            helper.make_node("Identity", ["x"], ["xi"]),
+            helper.make_node("Add", ["xi", "noise"], ["y"]),
+        ],
+        "noisy",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    result = optimize(model, measure=False)
+    assert result.accepted, result.report.refused
+    assert result.report.parity.passed

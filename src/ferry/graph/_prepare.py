@@ -170,6 +170,11 @@ def symbolic_shape_inference(proto: onnx.ModelProto) -> onnx.ModelProto | None:
         logger.debug("ONNX Runtime's symbolic shape inference is unavailable: %s", e)
         return None
     inference = SymbolicShapeInference(2**31 - 1, True, False, 0)
+    # It logs each dim it merges by guess ("Unable to determine if ... treat as equal") as a
+    # warning on the user's terminal: an answer it gives, not news.
+    tool_logger = logging.getLogger(SymbolicShapeInference.__module__)
+    level = tool_logger.level
+    tool_logger.setLevel(logging.ERROR)
     try:
         inference._preprocess(proto)
         while inference.run_:
@@ -185,6 +190,8 @@ def symbolic_shape_inference(proto: onnx.ModelProto) -> onnx.ModelProto | None:
         out.graph.value_info.extend(
             vi for name, vi in found.items() if vi.type.HasField("tensor_type") and name
         )
+    finally:
+        tool_logger.setLevel(level)
     return out if isinstance(out, onnx.ModelProto) else None
 
 

@@ -396,7 +396,26 @@ def _choose(
     from ferry.runtime import block_medians, load
 
     candidates = [(p, m) for p in quantizer.scheme.placements for m in methods]
-    models = {c: quantizer.run([], *c) for c in candidates}
+    models: dict[tuple[str, str], ir.Model] = {}
+    failed: dict[str, str] = {}
+    for c in candidates:
+        if c[1] in failed:
+            continue
+        try:
+            models[c] = quantizer.run([], *c)
+        except ValueError as e:
+            # Histogram calibrators (mse, percentile, entropy) cannot bin a tensor holding inf
+            # or a constant integer range (the kit's DETR tiles: "range [0.0, inf] is not
+            # finite"): that method is out, the others stay.
+            failed[c[1]] = str(e)
+    if not models:
+        raise InvalidInputError(
+            "calibration failed on this model's values with "
+            + "; ".join(f"{m}: {e}" for m, e in failed.items())
+            + ": try --method minmax"
+        )
+    candidates = [c for c in candidates if c in models]
+    methods = [m for m in methods if m not in failed]
     scores = {c: task_score(m, samples.held_back, want, spec) for c, m in models.items()}
     best = {  # each placement's most accurate method (the first on a tie)
         p: max((c for c in candidates if c[0] == p), key=lambda c: scores[c])
@@ -412,6 +431,7 @@ def _choose(
             + ", ".join(f"{m} {spec['kind']} {scores[(chosen[0], m)]:.4f}" for m in methods)
             + ")"
         )
+    words += "".join(f"; {m} calibration failed ({e})" for m, e in failed.items())
     if len(finalists) > 1:
         engine = timing_engine(target)
         try:
@@ -560,13 +580,15 @@ def _prepared(model: ir.Model) -> ir.Model:
 
 
 class _QuietAdvice(logging.Filter):
-    """Drops ONNX Runtime's advice to pre-process (done by :func:`_prepared`), which it logs
-    to the root logger, i.e. to the user's terminal, on every call."""
+    """Keeps ONNX Runtime's quantizer's advice off the user's terminal: it logs to the root
+    logger on every call (pre-process, which :func:`_prepared` does; "Bias of Gemm node ... is
+    not constant. Please exclude this node"). Below ERROR it goes to ferry's debug log."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return (
-            "pre-process" not in record.getMessage() and "pre-processing" not in record.getMessage()
-        )
+        if record.levelno >= logging.ERROR:
+            return True
+        logger.debug("onnxruntime's quantizer: %s", record.getMessage())
+        return False
 
 
 def _quantized_nodes(model: ir.Model) -> list[str]:
