@@ -95,6 +95,9 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "400"}
 
 
+#: What a clean refusal names: an option to give (``--shape``, ``--data``, ``--force`` for a
+#: quantized model that runs slower), or the nodes a target cannot run.
+NAMES_WHAT_TO_GIVE = re.compile(r"--[a-z]|cannot be lowered")
 #: A refusal that says ferry got it wrong is a failure: there is nothing for the user to give.
 _NOT_A_REFUSAL = ("parity FAILED", "This is a bug", "does not compute")
 
@@ -129,7 +132,10 @@ def _verdict(rc: int, stdout: str, stderr: str) -> tuple[str, str] | None:
         if len(errors) == 1 and not any(w in errors[0] for w in _NOT_A_REFUSAL):
             more = len(lines) - 1 if errors[0] in lines else 0
             # A refusal that lists what it names (every unsupported node) on lines of its own.
-            return REFUSED, errors[0].strip() + (f" (+{more} lines)" if more else "")
+            line = errors[0].strip() + (f" (+{more} lines)" if more else "")
+            if NAMES_WHAT_TO_GIVE.search(line):
+                return REFUSED, line
+            return FAIL, f"refused, naming nothing to give: {line}"
     if logged:
         return FAIL, f"exit {rc}, a library's log on the terminal: {logged[0][:300]}"
     return FAIL, f"exit {rc}: {_last_error(stdout, stderr)}"
