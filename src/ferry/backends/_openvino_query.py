@@ -90,6 +90,8 @@ def engine_rejects(model: ir.Model, nodes: Sequence[str]) -> dict[str, str]:
             reason = f"OpenVINO's ONNX frontend cannot read the model: {first_line(e)}"
             return dict.fromkeys(nodes, reason)
     owners = _OwnerMap(model, ov_model)
+    for node, reason in _rank_disagreements(model, ov_model, owners).items():
+        rejected.setdefault(node, reason)
     for op, reason in unconverted:
         for node in owners.of(op):
             rejected.setdefault(node, reason)
@@ -128,6 +130,36 @@ def engine_rejects(model: ir.Model, nodes: Sequence[str]) -> dict[str, str]:
     for node, why in _full_conversion_failures(model).items():
         rejected.setdefault(node, why)
     return {n: r for n, r in rejected.items() if n in wanted}
+
+
+def _rank_disagreements(model: ir.Model, ov_model: Any, owners: _OwnerMap) -> dict[str, str]:
+    """ONNX nodes whose output OpenVINO's frontend gives another rank than ONNX's own inference.
+
+    OpenVINO then computes something else there: on a DETR-style head it converts an Unsqueeze of
+    a [tiles, 17, 1] tensor to shape [1], computes a single value, and a Concat behind it fails.
+    A partition boundary on such a value hands the next engine a wrong tensor, so the node is
+    left to another engine. Only ranks are compared (dims may be symbolic on either side).
+    """
+    ranks = {v.name: len(v.shape) for v in _all_values(model) if v.name and v.shape is not None}
+    found: dict[str, str] = {}
+    for op in ov_model.get_ordered_ops():
+        if op.get_type_name() in _STRUCTURAL:
+            continue
+        for output in op.outputs():
+            rank = output.get_partial_shape().rank
+            if rank.is_dynamic:
+                continue
+            for tensor in output.get_names():
+                want = ranks.get(tensor)
+                if want is None or want == rank.get_length():
+                    continue
+                for node in owners.of(op):
+                    found.setdefault(
+                        node,
+                        f"OpenVINO's ONNX frontend makes {tensor!r} rank {rank.get_length()} where "
+                        f"ONNX's shape inference gives rank {want}: it would compute another value",
+                    )
+    return found
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from ferry.backends import FALLBACK
 from ferry.errors import InvalidInputError
 from ferry.runtime._cache import model_digest, remember_inputs, remembered_inputs
 from ferry.runtime._feeds import concrete_shape
@@ -314,7 +315,7 @@ class _Runner:
 def _plain_onnxruntime(session: Session) -> bool:
     """Whether ``session`` is the whole model on ONNX Runtime (the probes may run on it)."""
     partitions = session.plan.partitions
-    return len(partitions) == 1 and partitions[0].backend == "onnxruntime"
+    return len(partitions) == 1 and partitions[0].backend == FALLBACK
 
 
 class _SessionCall:
