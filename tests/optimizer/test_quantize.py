@@ -294,3 +294,19 @@ def test_onnxruntime_quantizes_outputs_and_tensorrt_inputs_only() -> None:
     words = trt.report.chosen
     assert words.startswith("inputs, ") and "minmax cosine" in words and "mse cosine" in words
     assert not _quantized_outputs(trt.model)
+
+
+def test_an_input_of_fixed_first_size_takes_that_many_rows_per_sample(tmp_path: Path) -> None:
+    # A voice's `scales: [3]` beside `x: [N, 16]`: eight samples are 8 rows of x and 24 of
+    # scales (the kit's piper_tts was refused: "different sample counts: 8 and 24").
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(["N", 16]))
+    scales = ir.Value(name="scales", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([3]))
+    specs = [spec_of(x), spec_of(scales)]
+    path = tmp_path / "calib.npz"
+    np.savez(path, x=np.zeros((8, 16), np.float32), scales=np.ones(24, np.float32))
+    samples = load_samples(path, specs)
+    assert len(samples.calibration) + len(samples.held_back) == 8
+    assert samples.held_back[0]["scales"].shape == (3,)
+    np.savez(path, x=np.zeros((8, 16), np.float32), scales=np.ones(25, np.float32))
+    with pytest.raises(InvalidInputError, match="takes 3 per sample"):
+        load_samples(path, specs)

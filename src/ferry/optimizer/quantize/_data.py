@@ -102,7 +102,6 @@ def load_samples(
         InvalidInputError: the data is missing, empty, or does not fit the inputs (names the
             input, the shape or dtype it has and the one the model takes).
     """
-    names = [spec.name for spec in inputs]
     if isinstance(data, (str, os.PathLike)):
         path = Path(data)
         if not path.exists():
@@ -110,9 +109,9 @@ def load_samples(
         if path.is_dir():
             feeds, source = _images(path, inputs, preprocessing), f"images in {path}"
         elif path.suffix == ".npz":
-            feeds, source = _npz(path, names), str(path)
+            feeds, source = _npz(path, inputs), str(path)
         elif path.suffix == ".npy":
-            feeds, source = _npy(path, names), str(path)
+            feeds, source = _npy(path, inputs), str(path)
         else:
             raise InvalidInputError(
                 f"calibration data {path}: give a .npz (one array per input, samples along the "
@@ -162,7 +161,37 @@ def split(
     )
 
 
-def _npz(path: Path, names: list[str]) -> list[dict[str, np.ndarray]]:
+def _rows(spec: Any) -> int:
+    """How many rows along the first axis one sample of ``spec`` takes: its declared first dim
+    where that is a fixed size (a voice's 3 scales, a batch fixed at 9 tiles), else 1."""
+    shape = getattr(spec, "shape", None)
+    if shape and isinstance(shape[0], int) and shape[0] > 0:
+        return int(shape[0])
+    return 1
+
+
+def _samples_of(path: Path, arrays: Mapping[str, np.ndarray], inputs: Sequence[Any]) -> int:
+    """The number of samples in ``arrays`` (samples along the first axis, each input's
+    :func:`_rows` at a time), the same for every input."""
+    counts = {}
+    for spec in inputs:
+        rows, have = _rows(spec), len(arrays[spec.name])
+        if have % rows:
+            raise InvalidInputError(
+                f"{path}: input {spec.name!r} has {have} rows; it takes {rows} per sample "
+                f"({spec.describe()}), so samples come as multiples of {rows}"
+            )
+        counts[spec.name] = have // rows
+    if len(set(counts.values())) != 1:
+        raise InvalidInputError(
+            f"{path}: the inputs have different sample counts: {counts} (samples along the "
+            "first axis; an input of fixed first size n takes n rows per sample)"
+        )
+    return next(iter(counts.values()))
+
+
+def _npz(path: Path, inputs: Sequence[Any]) -> list[dict[str, np.ndarray]]:
+    names = [spec.name for spec in inputs]
     try:
         with np.load(path, allow_pickle=False) as archive:
             arrays = {k: archive[k] for k in archive.files}
@@ -174,14 +203,13 @@ def _npz(path: Path, names: list[str]) -> list[dict[str, np.ndarray]]:
             f"{path} holds {sorted(arrays)}; the model's inputs are {names}: missing "
             f"{', '.join(map(repr, missing))} (one array per input, samples along the first axis)"
         )
-    counts = {n: len(arrays[n]) for n in names}
-    if len(set(counts.values())) != 1:
-        raise InvalidInputError(f"{path}: the inputs have different sample counts: {counts}")
-    count = next(iter(counts.values()))
-    return [{n: arrays[n][i : i + 1] for n in names} for i in range(count)]
+    count = _samples_of(path, arrays, inputs)
+    rows = {spec.name: _rows(spec) for spec in inputs}
+    return [{n: arrays[n][i * rows[n] : (i + 1) * rows[n]] for n in names} for i in range(count)]
 
 
-def _npy(path: Path, names: list[str]) -> list[dict[str, np.ndarray]]:
+def _npy(path: Path, inputs: Sequence[Any]) -> list[dict[str, np.ndarray]]:
+    names = [spec.name for spec in inputs]
     if len(names) != 1:
         raise InvalidInputError(
             f"{path} is one array but the model takes {len(names)} inputs ({names}); give a .npz "
@@ -191,7 +219,9 @@ def _npy(path: Path, names: list[str]) -> list[dict[str, np.ndarray]]:
         array = np.load(path, allow_pickle=False)
     except (ValueError, OSError) as e:
         raise InvalidInputError(f"cannot read calibration data {path}: {e}") from e
-    return [{names[0]: array[i : i + 1]} for i in range(len(array))]
+    rows = _rows(inputs[0])
+    count = _samples_of(path, {names[0]: array}, inputs)
+    return [{names[0]: array[i * rows : (i + 1) * rows]} for i in range(count)]
 
 
 def _images(

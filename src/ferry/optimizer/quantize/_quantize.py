@@ -31,7 +31,7 @@ import onnx
 import onnx_ir as ir
 
 from ferry.errors import BackendUnavailableError, InvalidInputError
-from ferry.graph import load_model, reduced_precision
+from ferry.graph import load_model, reduced_precision, without_randomness
 from ferry.optimizer._task import (
     METRICS,
     budget_fraction,
@@ -159,7 +159,11 @@ def quantize(
         return _refused_source(original, held.describe(), target, precision, spec, least)
     reference = load(original)
     samples = _samples(data, random, original, reference.inputs, preprocessing)
-    want = [reference.run(feed) for feed in samples.held_back]
+    # Random ops (a voice's noise) draw anew on every run: the source and each candidate are
+    # judged with their draws at the expected value (graph.without_randomness).
+    held_still = _steady(original)
+    steady = reference if held_still is original else load(held_still)
+    want = [steady.run(feed) for feed in samples.held_back]
     spec = metric_spec(metric, least, original, want[0])  # no metric: the task's, inferred
     # What is quantized: the source's float computation (the source itself when it is float);
     # judged and timed against the source as the user has it.
@@ -174,13 +178,13 @@ def quantize(
     chosen = ""
     if precision == "fp16":
         work, description = _fp16(floating), "fp16, sensitive ops fp32"
-        score = task_score(work, samples.held_back, want, spec)
+        score = task_score(_steady(work), samples.held_back, want, spec)
         quantized_nodes = _computing_in(work, ir.DataType.FLOAT16)
     elif precision == "bf16":
         work, count = to_bf16(_prepared(floating), _FP16_KEEP)
         description = f"bf16 ({count} nodes), sensitive ops fp32"
         # ONNX Runtime cannot run it: judged where it runs (OpenVINO stands in for TensorRT).
-        score = task_score(work, samples.held_back, want, spec, engine="openvino")
+        score = task_score(_steady(work), samples.held_back, want, spec, engine="openvino")
         quantized_nodes = _computing_in(work, ir.DataType.BFLOAT16)
     else:
         the_scheme = scheme(target, per_channel=per_channel)
@@ -199,7 +203,7 @@ def quantize(
             )
             if dynamic:
                 work = quantizer.run([])
-                score = task_score(work, samples.held_back, want, spec)
+                score = task_score(_steady(work), samples.held_back, want, spec)
             else:
                 methods = ("minmax", "mse") if method == "auto" else (method,)
                 work, score, chosen = _choose(
@@ -209,13 +213,13 @@ def quantize(
             keep = 0
             while score < least and rounds < _MAX_ROUNDS:
                 if ranking is None:
-                    ranking = _sensitivity(prepared, work, samples.held_back[0])
+                    ranking = _sensitivity(_steady(prepared), _steady(work), samples.held_back[0])
                     if not ranking:
                         break
                 keep = max(1, keep * 2)
                 kept = ranking[:keep]
                 work = quantizer.run(kept)
-                score = task_score(work, samples.held_back, want, spec)
+                score = task_score(_steady(work), samples.held_back, want, spec)
                 rounds += 1
                 if keep >= len(ranking):
                     break
@@ -324,6 +328,11 @@ def _refused_source(
     return QuantizeResult(original, report)
 
 
+def _steady(model: ir.Model) -> ir.Model:
+    """``model`` with its random draws at their expected value (itself when it has none)."""
+    return without_randomness(model)[0]
+
+
 def _quantizable(model: ir.Model, precision: str, dynamic: bool) -> int:
     """Nodes ``precision`` could quantize in ``model``: weighted ops for int8 (the dynamic
     quantizer's for dynamic), every computing node for fp16/bf16."""
@@ -416,7 +425,7 @@ def _choose(
         )
     candidates = [c for c in candidates if c in models]
     methods = [m for m in methods if m not in failed]
-    scores = {c: task_score(m, samples.held_back, want, spec) for c, m in models.items()}
+    scores = {c: task_score(_steady(m), samples.held_back, want, spec) for c, m in models.items()}
     best = {  # each placement's most accurate method (the first on a tie)
         p: max((c for c in candidates if c[0] == p), key=lambda c: scores[c])
         for p in quantizer.scheme.placements
