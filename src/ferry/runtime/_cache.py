@@ -373,12 +373,17 @@ def engine_key(backend: Backend, spec: CompileSpec) -> str:
         "outputs": [_value_spec(v) for v in model.graph.outputs],
     }
     _update(digest, json.dumps(header, sort_keys=True).encode())
+    _hash_graph(digest, model)
+    return digest.hexdigest()
+
+
+def _hash_graph(digest: Any, model: ir.Model) -> None:
+    """Feed ``model``'s structure and every weight (name, dtype, shape, bytes) into ``digest``."""
     structure, tensors = _structure(model)
     _update(digest, structure)
     for name, tensor in tensors:
         _update(digest, f"{name}|{tensor.dtype}|{list(tensor.shape)}".encode())
         _hash_tensor(digest, tensor)
-    return digest.hexdigest()
 
 
 def _fingerprint(backend: Backend) -> str:
@@ -562,11 +567,7 @@ def model_digest(model: ir.Model) -> str:
     digest = hashlib.sha256()
     specs = [_value_spec(v) for v in [*model.graph.inputs, *model.graph.outputs]]
     _update(digest, json.dumps(specs).encode())
-    structure, tensors = _structure(model)
-    _update(digest, structure)
-    for name, tensor in tensors:
-        _update(digest, f"{name}|{tensor.dtype}|{list(tensor.shape)}".encode())
-        _hash_tensor(digest, tensor)
+    _hash_graph(digest, model)
     return digest.hexdigest()
 
 
