@@ -200,7 +200,8 @@ def auto_plan(
     check_threads(threads)
     names = auto_engines(backends)
     specs = [spec_of(v) for v in graph_inputs(model)]
-    inputs = dict(feeds) if feeds is not None else timing_feeds(specs, shapes)
+    # Sizes not given are found (ids within their tables, masks of ones), never guessed.
+    inputs = dict(feeds) if feeds is not None else timing_feeds(specs, shapes, model=model)
     reduced = reduced_precision(model) if accuracy is None else None
     judged: Any = accuracy if not reduced else _TASK_JUDGE
     key = _cache_key(model, names, inputs, feeds is None, judged, exact, precision, threads)
