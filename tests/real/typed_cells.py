@@ -387,7 +387,11 @@ _INPUT_WORDS = ("--shape", "--input", "indices", "out of", "shape", "Concat", "R
 def owner(cell: Cell) -> str:
     """Who fixes a failed cell: judges JUDGES', the verbs with an owner theirs, wrong sizes or
     ids INPUTS', the rest LEAD's."""
-    if (cell.verb == "quantize" and "judge" in cell.detail) or "cosine" in cell.detail:
+    if (
+        (cell.verb == "quantize" and "judge" in cell.detail)
+        or "cosine" in cell.detail
+        or "accuracy budget" in cell.detail
+    ):
         return "JUDGES"
     if cell.verb in _OWNER_BY_VERB:
         return _OWNER_BY_VERB[cell.verb]
