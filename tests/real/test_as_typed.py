@@ -26,13 +26,11 @@ VERBS = [verb for verb in typed_cells.VERBS if verb != "serve"]
 #: Verbs that take over 20 s a cell (measured on two busy cores: quantize 67 s, plan 31 s,
 #: ort-mobile 30 s, optimize 29 s; the others 3 to 18 s).
 SLOW = {"optimize", "ort-mobile", "plan", "quantize"}
-#: Cells measured failing (benchmarks/as_typed.py's last run, 2f11f14), why, and who fixes them.
+#: Cells measured failing (benchmarks/as_typed.py's last run, e712470), why, and who fixes them.
 KNOWN: dict[tuple[str, str], str] = {
     ("layout", "quantize"): "JUDGES: quantize's judge passes heads the kit puts at cosine 0.95",
     ("detr_tiles", "quantize"): "JUDGES: quantize's judge passes 'probs' at kit cosine 0.983",
     ("ppocr_det_paddle", "quantize"): "JUDGES: mask agreement 98.97%, just over a 1% loss",
-    ("piper_tts", "quantize"): "QUANTIZE: a .npz cannot hold piper's scales (no batch axis)",
-    ("minilm_l3", "plan"): "JUDGES: auto finds even ONNX Runtime fp32 outside the budget",
 }
 
 CELLS = [
