@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx_ir as ir
 
 from ferry.errors import InvalidInputError
 from ferry.runtime._specs import TensorSpec
@@ -131,16 +130,14 @@ def random_feeds(
     shapes: Mapping[str, Sequence[int]] | None = None,
     *,
     seed: int = 0,
-    model: ir.Model | None = None,
 ) -> dict[str, np.ndarray]:
     """Random inputs that fit ``specs``: standard normal floats, small non-negative ints, coin-flip bools.
 
     Shapes are ``shapes[name]`` where given, else :func:`concrete_shape`'s guess (symbolic first
     dim 1, other symbolic dims :data:`GUESSED_SIZE`, shared names equal). Integers stay in
-    [0, 10) because integer inputs are usually indices or token ids; with ``model``, each input
-    is made as the graph uses it (ids within the table they index, masks ones, lengths the
-    sequence's...), without running it. To get inputs checked to run, and sizes that do, use
-    :func:`ferry.runtime.found_inputs`.
+    [0, 10): for a model at hand, use :func:`ferry.runtime.found_inputs` instead (each input made
+    as the graph uses it: ids within the table they index, masks ones, lengths the sequence's;
+    sizes checked to run).
     """
     shapes = dict(shapes or {})
     unknown = set(shapes) - {s.name for s in specs}
@@ -158,12 +155,6 @@ def random_feeds(
     for spec in ordered:
         at[spec.name] = concrete_shape(spec, shapes.get(spec.name), sizes=sizes)
         arrays[spec.name] = random_array(spec, at[spec.name], rng)
-    if model is not None:
-        from ferry.runtime._found import make_feeds
-        from ferry.runtime._found_graph import input_roles
-
-        at = {spec.name: at[spec.name] for spec in specs}
-        return make_feeds(specs, input_roles(model, specs), at, seed=seed)
     return {spec.name: arrays[spec.name] for spec in specs}
 
 

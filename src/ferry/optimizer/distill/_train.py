@@ -25,7 +25,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -34,7 +34,19 @@ from torch import nn
 
 from ferry.errors import InvalidInputError
 from ferry.optimizer.distill._onnx_to_torch import OnnxModule
-from ferry.optimizer.distill._schedule import Plan
+
+
+class Schedule(Protocol):
+    """What the training loop reads of a plan (``_schedule.Plan``, which imports this module)."""
+
+    @property
+    def epochs(self) -> int: ...
+    @property
+    def patience(self) -> int | None: ...
+    @property
+    def max_seconds(self) -> float | None: ...
+    def lr_at(self, step: int) -> float: ...
+
 
 logger = logging.getLogger("ferry.optimizer.distill")
 
@@ -270,7 +282,7 @@ class Trained:
 def train(
     task: Task,
     *,
-    plan: Plan,
+    plan: Schedule,
     batch_size: int,
     temperature: float,
     alpha: float,
