@@ -19,6 +19,7 @@ Before -> After::
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -95,19 +96,8 @@ def _gather_elements(cx: Lowering, node: ir.Node) -> None:
         grids[axis] = np.where(found < 0, found + shape[axis], found).astype(np.int32)
         coords = cx.constant(np.stack(list(grids), axis=-1), f"{out.name}/coords")
     else:
-        if cx.dtype(indices).kind not in "iu":
-            raise Unsupported("the indices are not integers")
-        index_t = cx.get(indices, identity(len(idx_shape)))
-        if cx.ttype_of(index_t) != INT32:
-            cast = cx.temp(f"{out.name}/i32", INT32, idx_shape)
-            cx.emit("CAST", [index_t], [cast])
-            index_t = cast
-        if not _non_negative(indices):
-            # ONNX counts negative indices from the end: [-n, n) onto [0, n).
-            wrapped = cx.temp(f"{out.name}/wrapped", INT32, idx_shape)
-            size = cx.constant(np.asarray(shape[axis], dtype=np.int32), "axis_size")
-            cx.emit("FLOOR_MOD", [index_t, size], [wrapped])
-            index_t = wrapped
+        size = np.asarray(shape[axis], dtype=np.int32)
+        index_t = _int32_indices(cx, indices, f"{out.name}", size, "axis_size")
         column = cx.temp(f"{out.name}/column", INT32, (*idx_shape, 1))
         cx.emit("RESHAPE", [index_t, cx.ints((*idx_shape, 1))], [column])
         parts = []
@@ -126,6 +116,24 @@ def _gather_elements(cx: Lowering, node: ir.Node) -> None:
     cx.emit("GATHER_ND", [source, coords], [cx.output(out)])
 
 
+def _int32_indices(cx: Lowering, indices: ir.Value, name: str, sizes: np.ndarray, what: str) -> Any:
+    """Computed indices as the int32 tensor TFLite's gathers take, negative ones wrapped by
+    ``sizes`` (ONNX counts them from the end: [-n, n) onto [0, n))."""
+    if cx.dtype(indices).kind not in "iu":
+        raise Unsupported("the indices are not integers")
+    shape = cx.shape(indices)
+    index_t = cx.get(indices, identity(len(shape)))
+    if cx.ttype_of(index_t) != INT32:
+        cast = cx.temp(f"{name}/i32", INT32, shape)
+        cx.emit("CAST", [index_t], [cast])
+        index_t = cast
+    if not _non_negative(indices):
+        wrapped = cx.temp(f"{name}/wrapped", INT32, shape)
+        cx.emit("FLOOR_MOD", [index_t, cx.constant(sizes, what)], [wrapped])
+        index_t = wrapped
+    return index_t
+
+
 def _gather_nd(cx: Lowering, node: ir.Node) -> None:
     """GatherND without batch dims is TFLite's GATHER_ND; negative coordinates wrapped by the
     size of the axis each one indexes."""
@@ -142,17 +150,7 @@ def _gather_nd(cx: Lowering, node: ir.Node) -> None:
     if found is not None:
         coords = cx.constant(np.where(found < 0, found + sizes, found).astype(np.int32), "coords")
     else:
-        if cx.dtype(indices).kind not in "iu":
-            raise Unsupported("the indices are not integers")
-        coords = cx.get(indices, identity(len(idx_shape)))
-        if cx.ttype_of(coords) != INT32:
-            cast = cx.temp(f"{indices.name}/i32", INT32, idx_shape)
-            cx.emit("CAST", [coords], [cast])
-            coords = cast
-        if not _non_negative(indices):
-            wrapped = cx.temp(f"{indices.name}/wrapped", INT32, idx_shape)
-            cx.emit("FLOOR_MOD", [coords, cx.constant(sizes, "axis_sizes")], [wrapped])
-            coords = wrapped
+        coords = _int32_indices(cx, indices, f"{indices.name}", sizes, "axis_sizes")
     source = cx.get(data, identity(len(shape)))
     cx.emit("GATHER_ND", [source, coords], [cx.output(node.outputs[0])])
 
