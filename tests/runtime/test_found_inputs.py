@@ -215,7 +215,7 @@ def test_scalars_float64_and_knobs_keep_their_type_and_sign() -> None:
     found = found_inputs(model)
     assert found.feeds["t"].shape == () and found.feeds["t"].dtype == np.float64
     assert found.feeds["t"] > 0
-    assert np.allclose(found.feeds["scales"], [0.667, 1.0, 0.8])
+    assert np.allclose(found.feeds["scales"], [1.0, 1.0, 1.0])
 
 
 def test_found_once_per_model_content_and_from_a_session_or_a_path(tmp_path: Path) -> None:

@@ -39,8 +39,6 @@ _SIZE_USE = {
 }  # fmt: skip
 _COMPARE = frozenset({"Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Equal"})
 _ARITH = frozenset({"Mul", "Sub", "Add", "Div", "Where", "Not", "And", "Or", "ReduceSum"})
-#: VITS (piper) voices' inference scales: noise, length, noise_w; a negative length breaks them.
-_VITS_SCALES = (0.667, 1.0, 0.8)
 _WALK_LIMIT = 400
 
 
@@ -115,9 +113,8 @@ def _float_role(spec: TensorSpec, name: str) -> InputRole:
     if count > 8:
         return InputRole("random")
     # A few fixed floats beside the data are knobs (scales, thresholds, temperatures): random
-    # signs would break them (a negative length scale), so they get sensible positive values.
-    if "scale" in name and count == 3:
-        return InputRole("scales", values=_VITS_SCALES, why="noise, length, noise_w scales")
+    # signs would break them (a VITS voice's negative length scale), and one is the neutral
+    # setting of a scale.
     return InputRole("scales", values=(1.0,) * count, why="ones (a knob)")
 
 
