@@ -295,7 +295,7 @@ def _names(names: tuple[str, ...], limit: int = 3) -> str:
 def _print_auto(choice: Any) -> None:
     at = ", ".join(f"{name}={'x'.join(map(str, dims))}" for name, dims in choice.inputs.items())
     table = Table(
-        "candidate", "partitions", "latency ms", "speedup", "accuracy", "ok", "", box=None
+        "candidate", "partitions", "latency ms", "noise", "speedup", "accuracy", "ok", "", box=None
     )
     for row in choice.table:
         accuracy = row["accuracy"]
@@ -303,6 +303,7 @@ def _print_auto(choice: Any) -> None:
             escape(row["label"]),
             str(row["partitions"]),
             "-" if row["latency_ms"] is None else f"{row['latency_ms']:.3f}",
+            "-" if row.get("noise") is None else f"±{row['noise']:.1%}",
             "-" if row["speedup"] is None else f"{row['speedup']:.2f}x",
             "-" if accuracy is None else f"{accuracy['worst']:.6g}",
             "error" if row["error"] else ("yes" if row["passed"] else "NO"),

@@ -18,10 +18,13 @@ computing the same float function should agree in the numbers); a source already
 precision (QDQ, dynamic or weight-only int8) at its task (:func:`ferry.parity.infer_judge`: a
 classifier's top-1, a recognizer's sequence...), since two engines' int8 kernels round
 differently (OpenVINO's int8 of a QDQ ResNet-50 is cosine 0.995 from ONNX Runtime's, with the same
-top-1, and 3.9x faster). Then all run in alternating blocks of calls (one
-engine's spinning worker threads would otherwise slow the next engine's call). The fastest within
-budget wins; among those within :data:`TIE` of it, the baseline, then fp32, then the fewest
-partitions (equal speed is not worth a lower precision or a boundary). The choice and the table are
+top-1, and 3.9x faster). Then all run in alternating blocks of calls, each block
+after the others' worker threads have gone quiet (:func:`ferry.runtime._measure.block_stats`),
+until the ranking is stable or the budget is spent, each candidate's noise measured. A split plan
+(several partitions) competes only if it beats each of its engines alone. The fastest within
+budget wins; among those tied with it (their difference within the two candidates' measured noise,
+:func:`ferry.runtime._measure.tie_tolerance`, never under 1%), the baseline, then fp32, then the
+fewest partitions (equal speed is not worth a lower precision or a boundary). The choice and the table are
 cached per model, input sizes, budget, precision and machine.
 """
 
@@ -49,6 +52,7 @@ from ferry.runtime._measure import (
     alone_session,
     machine_fingerprint,
     save_verdict,
+    tie_tolerance,
     time_in_blocks,
     timing_feeds,
     verdicts_dir,
@@ -56,13 +60,10 @@ from ferry.runtime._measure import (
 from ferry.runtime._session import Session, check_threads
 from ferry.runtime._specs import spec_of
 
-__all__ = ["TIE", "AutoChoice", "Candidate", "auto_engines", "auto_plan", "choose"]
+__all__ = ["AutoChoice", "Candidate", "auto_engines", "auto_plan", "choose"]
 
 logger = logging.getLogger(__name__)
 
-#: Candidates within this fraction of the fastest count as equally fast (timing noise on a quiet
-#: machine is 1-2%).
-TIE = 0.03
 _BASELINE = f"{FALLBACK} fp32"
 
 
@@ -77,6 +78,8 @@ class Candidate:
         load_s: compile time.
         latency_ms: median per call over the timed blocks (inf when it failed).
         accuracy: its outputs against ONNX Runtime fp32's (None when it failed).
+        noise: the relative spread of ``latency_ms`` within the run
+            (:class:`ferry.runtime._measure.BlockStats`).
         error: why it could not be measured.
     """
 
@@ -87,6 +90,7 @@ class Candidate:
     latency_ms: float = float("inf")
     accuracy: BudgetVerdict | None = None
     error: str | None = None
+    noise: float = 0.0
 
     @property
     def passed(self) -> bool:
@@ -102,6 +106,7 @@ class Candidate:
             "backends": self.plan.backends,
             "load_s": round(self.load_s, 4),
             "latency_ms": self.latency_ms if measured else None,
+            "noise": round(self.noise, 4) if measured else None,
             "speedup": baseline_ms / self.latency_ms if measured and baseline_ms else None,
             "accuracy": None if self.accuracy is None else self.accuracy.to_dict(),
             "passed": self.passed,
@@ -266,16 +271,25 @@ def _budget(
 
 
 def choose(candidates: Sequence[Candidate]) -> Candidate:
-    """The fastest candidate within budget; among those within :data:`TIE` of it, the baseline
-    (the first candidate), then fp32, then the fewest partitions, then the first listed."""
+    """The fastest candidate within budget; among those tied with it (the difference within
+    :func:`ferry.runtime._measure.tie_tolerance` of their noises), the baseline (the first
+    candidate), then fp32, then the fewest partitions, then the first listed. A split plan
+    (several partitions) takes part only if it is faster than each of its engines alone (every
+    one-partition candidate within budget on one of its engines): a cut costs copies and calls
+    that an engine running alone does not pay."""
     passing = [c for c in candidates if c.passed]
     if not passing:
         raise FerryError(
             "no candidate ran within the accuracy budget, not even ONNX Runtime fp32: "
             + "; ".join(f"{c.label}: {c.error or 'outside budget'}" for c in candidates)
         )
-    fastest = min(c.latency_ms for c in passing)
-    close = [c for c in passing if c.latency_ms <= fastest * (1 + TIE)]
+    passing = [c for c in passing if _beats_its_engines(c, passing)]
+    fastest = min(passing, key=lambda c: c.latency_ms)
+    close = [
+        c
+        for c in passing
+        if c.latency_ms <= fastest.latency_ms * (1 + tie_tolerance(c.noise, fastest.noise))
+    ]
     order = {id(c): i for i, c in enumerate(candidates)}
     return min(
         close,
@@ -286,6 +300,20 @@ def choose(candidates: Sequence[Candidate]) -> Candidate:
             order[id(c)],
         ),
     )
+
+
+def _beats_its_engines(candidate: Candidate, passing: Sequence[Candidate]) -> bool:
+    """``candidate`` is whole on one engine, or faster than each candidate in ``passing``
+    running one of its engines alone."""
+    if len(candidate.plan.partitions) <= 1:
+        return True
+    engines = set(candidate.plan.backends)
+    alone = [
+        c
+        for c in passing
+        if len(c.plan.partitions) == 1 and c.plan.backends[0] in engines and c is not candidate
+    ]
+    return all(candidate.latency_ms < c.latency_ms for c in alone)
 
 
 def auto_engines(backends: Sequence[str] | None) -> list[str]:

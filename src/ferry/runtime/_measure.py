@@ -10,8 +10,11 @@ sessions they timed back to ``load`` instead of building them again.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import logging
+import math
 import os
 import platform
 import statistics
@@ -32,11 +35,15 @@ from ferry.runtime._session import Session
 from ferry.runtime._specs import TensorSpec
 
 __all__ = [
+    "NOISE_FLOOR",
+    "BlockStats",
     "Timed",
     "alone_session",
     "artifact_shapes",
     "block_medians",
+    "block_stats",
     "machine_fingerprint",
+    "tie_tolerance",
     "time_in_blocks",
     "timing_feeds",
     "verdicts_dir",
@@ -48,32 +55,82 @@ logger = logging.getLogger(__name__)
 _BLOCK_S = 0.05
 
 
+#: The smallest difference counted as real whatever the noise measured: two medians closer than
+#: this are a tie even on a run whose blocks agreed to the microsecond.
+NOISE_FLOOR = 0.01
+#: Quiet wait before a block: poll in steps this long until this process burns under
+#: :data:`_QUIET_CPU` of a core, at most :data:`_QUIET_MAX_S`.
+_QUIET_STEP_S = 0.005
+_QUIET_CPU = 0.15
+_QUIET_MAX_S = 0.15
+#: Rounds before the ranking is checked, rounds between checks, checks it must stay the same.
+_MIN_ROUNDS = 6
+_CHECK_EVERY = 3
+_STABLE_CHECKS = 3
+
+
 class Timed(Protocol):
-    """What :func:`time_in_blocks` writes its figure on (``auto``'s candidates, the pays check's
+    """What :func:`time_in_blocks` writes its figures on (``auto``'s candidates, the pays check's
     two contenders)."""
 
     label: str
     latency_ms: float
+    noise: float
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockStats:
+    """One run's figures from :func:`block_stats`.
+
+    Attributes:
+        median_s: the median per call over all its blocks, in seconds.
+        noise: how far that figure moves within the run: the half-width of the medians of the
+            rounds' thirds (in time order), relative to ``median_s``. Two runs whose medians
+            differ by less than their noise (:func:`tie_tolerance`) are not told apart.
+        rounds: the blocks it made.
+    """
+
+    median_s: float
+    noise: float
+    rounds: int
 
 
 def time_in_blocks(
     sessions: Sequence[tuple[Timed, Any]], feeds: Mapping[str, np.ndarray], budget_s: float
 ) -> None:
-    """Set each entry's ``latency_ms`` to its session's median per call on ``feeds`` (see
-    :func:`block_medians`)."""
+    """Set each entry's ``latency_ms`` to its session's median per call on ``feeds`` and its
+    ``noise`` to that figure's relative spread (see :func:`block_stats`)."""
     runs = [(lambda s=session: s.run(dict(feeds))) for _, session in sessions]
-    for (timed, _), seconds in zip(sessions, block_medians(runs, budget_s), strict=True):
-        timed.latency_ms = seconds * 1000
+    for (timed, _), stats in zip(sessions, block_stats(runs, budget_s), strict=True):
+        timed.latency_ms = stats.median_s * 1000
+        timed.noise = stats.noise
+
+
+def tie_tolerance(*noises: float) -> float:
+    """The relative difference two medians must exceed to count as different: their noises
+    combined (root of the sum of squares), never under :data:`NOISE_FLOOR`."""
+    return max(NOISE_FLOOR, math.sqrt(sum(n * n for n in noises)))
 
 
 def block_medians(runs: Sequence[Callable[[], Any]], budget_s: float) -> list[float]:
-    """Each call's median time in seconds, over rounds in which every ``run`` makes a block of
-    calls in turn (the order reversing each round), for about ``budget_s`` (at least 3 rounds).
+    """Each call's median time in seconds (:func:`block_stats`' ``median_s``)."""
+    return [s.median_s for s in block_stats(runs, budget_s)]
 
-    A block lasts about :data:`_BLOCK_S` (at least one call) and starts with a tenth as many
-    untimed calls (at least one): an engine called right after another one's block first wakes
-    its worker threads and refills its caches (measured: OpenVINO at 0.7 ms right after ONNX
-    Runtime, 0.16 ms when warm, on a 0.14 ms model; 24 ms against 17 ms on a 17 ms audio model).
+
+def block_stats(runs: Sequence[Callable[[], Any]], budget_s: float) -> list[BlockStats]:
+    """Each call's median time and noise, over rounds in which every ``run`` makes a block of
+    calls in turn (the order reversing each round), until the ranking of the medians has held
+    over :data:`_STABLE_CHECKS` checks, every step in it wider than the two runs' noise
+    (:func:`_ranking`), or about ``budget_s`` is spent (at least :data:`_MIN_ROUNDS` rounds).
+
+    Each block waits first until no engine thread of this process is still running
+    (:func:`_wait_quiet`): measured on two cores, ONNX Runtime's intra-op threads spin for about
+    40 ms after its last call (a whole core), and OpenVINO timed right after it ran 18% slower
+    on a 224x224 orientation classifier (4.58 ms against 3.88 ms alone); waiting, 3.89 ms. A
+    block lasts about :data:`_BLOCK_S` (at least one call) and starts with a tenth as many
+    untimed calls (at least one): an engine called after a pause first wakes its worker threads
+    and refills its caches (measured: OpenVINO at 0.7 ms right after ONNX Runtime, 0.16 ms when
+    warm, on a 0.14 ms model).
     """
     calls: list[tuple[int, int]] = []
     for run in runs:  # warm up (first calls allocate), then size the block
@@ -89,9 +146,11 @@ def block_medians(runs: Sequence[Callable[[], Any]], budget_s: float) -> list[fl
     deadline = time.perf_counter() + budget_s
     order = list(range(len(runs)))
     rounds = 0
-    while rounds < 3 or (time.perf_counter() < deadline and rounds < 200):
+    rankings: list[list[int] | None] = []
+    while rounds < _MIN_ROUNDS or (time.perf_counter() < deadline and rounds < 200):
         for i in order:
             n, lead = calls[i]
+            _wait_quiet()
             for _ in range(lead):
                 runs[i]()
             start = time.perf_counter()
@@ -100,7 +159,44 @@ def block_medians(runs: Sequence[Callable[[], Any]], budget_s: float) -> list[fl
             blocks[i].append((time.perf_counter() - start) / n)
         order.reverse()
         rounds += 1
-    return [statistics.median(b) for b in blocks]
+        if rounds >= _MIN_ROUNDS and rounds % _CHECK_EVERY == 0:
+            rankings.append(_ranking([_stats(b) for b in blocks]))
+            recent = rankings[-_STABLE_CHECKS:]
+            if len(recent) == _STABLE_CHECKS and recent[0] and all(r == recent[0] for r in recent):
+                break
+    return [_stats(b) for b in blocks]
+
+
+def _ranking(stats: Sequence[BlockStats]) -> list[int] | None:
+    """The runs fastest first, or None while two neighbours are within their noise of each
+    other (:func:`tie_tolerance`): an order that chance may turn round is no ranking yet."""
+    order = sorted(range(len(stats)), key=lambda i: stats[i].median_s)
+    for faster, slower in itertools.pairwise(order):
+        a, b = stats[faster], stats[slower]
+        if b.median_s <= a.median_s * (1 + tie_tolerance(a.noise, b.noise)):
+            return None
+    return order
+
+
+def _stats(blocks: Sequence[float]) -> BlockStats:
+    """A run's median and noise from its blocks in time order."""
+    median = statistics.median(blocks)
+    third = max(1, len(blocks) // 3)
+    parts = [blocks[i : i + third] for i in range(0, len(blocks) - third + 1, third)]
+    medians = [statistics.median(p) for p in parts]
+    noise = (max(medians) - min(medians)) / 2 / median if median > 0 else 0.0
+    return BlockStats(median, noise, len(blocks))
+
+
+def _wait_quiet() -> None:
+    """Wait until this process's threads are idle (an engine's pool that spins after its calls
+    has stopped), at most :data:`_QUIET_MAX_S`: other processes' load is not ours to wait for."""
+    end = time.perf_counter() + _QUIET_MAX_S
+    while time.perf_counter() < end:
+        cpu, wall = time.process_time(), time.perf_counter()
+        time.sleep(_QUIET_STEP_S)
+        if time.process_time() - cpu < _QUIET_CPU * (time.perf_counter() - wall):
+            return
 
 
 def alone_session(

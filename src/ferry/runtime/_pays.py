@@ -34,6 +34,7 @@ from ferry.runtime._measure import (
     alone_session,
     machine_fingerprint,
     save_verdict,
+    tie_tolerance,
     time_in_blocks,
     verdicts_dir,
 )
@@ -49,22 +50,29 @@ PAYS_BUDGET_S = 1.5
 
 @dataclasses.dataclass(frozen=True)
 class PaysVerdict:
-    """The plan's and ONNX Runtime's median latency at ``inputs``, and which is faster."""
+    """The plan's and ONNX Runtime's median latency at ``inputs``, their measured noise (the
+    relative spread of each figure within the run, :class:`ferry.runtime._measure.BlockStats`),
+    and which is faster."""
 
     plan_ms: float
     alone_ms: float
     inputs: dict[str, list[int]]
+    plan_noise: float = 0.0
+    alone_noise: float = 0.0
 
     @property
     def pays(self) -> bool:
-        """The plan is at least as fast as ONNX Runtime alone."""
-        return self.plan_ms <= self.alone_ms
+        """The plan is faster than ONNX Runtime alone by more than the noise measured
+        (:func:`ferry.runtime._measure.tie_tolerance`): a tie keeps ONNX Runtime alone, which
+        pays no boundary."""
+        tolerance = tie_tolerance(self.plan_noise, self.alone_noise)
+        return self.plan_ms * (1 + tolerance) < self.alone_ms
 
     def describe(self) -> str:
         at = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in self.inputs.items())
         return (
-            f"the plan runs in {self.plan_ms:.3g} ms, ONNX Runtime alone in "
-            f"{self.alone_ms:.3g} ms (at {at})"
+            f"the plan runs in {self.plan_ms:.3g} ms (noise {self.plan_noise:.1%}), ONNX Runtime "
+            f"alone in {self.alone_ms:.3g} ms (noise {self.alone_noise:.1%}) (at {at})"
         )
 
 
@@ -75,7 +83,13 @@ def cached_verdict(
     inputs = {name: list(np.shape(a)) for name, a in feeds.items()}
     try:
         data = json.loads(_path(model, plan, inputs, threads).read_text(encoding="utf-8"))
-        return PaysVerdict(float(data["plan_ms"]), float(data["alone_ms"]), inputs)
+        return PaysVerdict(
+            float(data["plan_ms"]),
+            float(data["alone_ms"]),
+            inputs,
+            float(data.get("plan_noise", 0.0)),
+            float(data.get("alone_noise", 0.0)),
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -86,6 +100,7 @@ class _Contender:
 
     label: str
     latency_ms: float = float("inf")
+    noise: float = 0.0
 
 
 def plan_pays(
@@ -120,7 +135,8 @@ def plan_pays(
     for _, session in runs:
         session.run(dict(feeds))  # fails here, before timing, on inputs it cannot take
     time_in_blocks(runs, feeds, PAYS_BUDGET_S)
-    verdict = PaysVerdict(runs[0][0].latency_ms, runs[1][0].latency_ms, inputs)
+    (plan, _), (ort, _) = runs
+    verdict = PaysVerdict(plan.latency_ms, ort.latency_ms, inputs, plan.noise, ort.noise)
     if cache:
         save_verdict(path, dataclasses.asdict(verdict), "the plan's timing")
     return verdict
