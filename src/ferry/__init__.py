@@ -117,6 +117,7 @@ def load(
     example_inputs: Mapping[str, np.ndarray] | None = None,
     accuracy: Budget | None = None,
     check_pays: bool = True,
+    placement: str = "live",
     **unknown: Any,
 ) -> Session:
     """Load a model and make it ready to run: :func:`ferry.runtime.load` (where every keyword
@@ -140,6 +141,8 @@ def load(
         example_inputs: real inputs to time (and, with ``"auto"``, judge) on.
         accuracy: with ``"auto"``, the budget its candidates are judged by.
         check_pays: run ONNX Runtime alone when a placed plan is slower.
+        placement: ``"live"`` (sizes unknown: learn each size's plan from the calls served) or
+            ``"fixed"`` (the plan made at load).
         **unknown: refused: a keyword ``load`` does not take (a misspelt one) is an
             :class:`InvalidInputError` naming the keywords it takes.
 
@@ -210,6 +213,7 @@ def load(
         example_inputs=example_inputs,
         accuracy=accuracy,
         check_pays=check_pays,
+        placement=placement,
     )
 
 

@@ -233,17 +233,27 @@ def test_an_engine_that_takes_the_model_whole_runs_only_where_it_pays(
 
 
 @needs_openvino
-def test_a_split_at_unknown_sizes_is_kept_with_a_warning(
+def test_a_split_at_unknown_sizes_learns_on_the_first_call(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from ferry.runtime import _pays
+    """Sizes unknown: live placement starts on ONNX Runtime alone and checks the plan on the
+    first real call (here slower: kept off, with a warning); ``placement="fixed"`` keeps the
+    plan unchecked, with a warning, as before."""
+    from ferry.runtime import LiveSession, _pays
 
     monkeypatch.setenv("FERRY_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(_pays, "time_in_blocks", _timed(9.0, 4.0))
     model = tiny_detector()
     model.graph.inputs[0].shape = ir.Shape(["batch", 3, "h", "w"])
     session = ferry.load(model, backends="openvino,onnxruntime", cache_dir=False)
-    assert "openvino" in session.plan.backends
+    assert isinstance(session, LiveSession) and session.plan.backends == ["onnxruntime"]
+    image = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    session.run({"image": image})
+    assert session.placement_settled(60)
+    (bucket,) = session.placement_report()["buckets"]
+    assert bucket["plan"] == "onnxruntime" and "running ONNX Runtime alone" in caplog.text
+    fixed = ferry.load(model, backends="openvino,onnxruntime", cache_dir=False, placement="fixed")
+    assert "openvino" in fixed.plan.backends
     assert "not checked whether the plan" in caplog.text and "shapes=" in caplog.text
     sized = ferry.load(
         model, backends="openvino,onnxruntime", cache_dir=False, shapes={"image": (1, 3, 32, 32)}

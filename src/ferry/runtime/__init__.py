@@ -5,7 +5,7 @@ Session that runs it, ``auto``'s measured choice of plan, and checking a plan pa
 one way: ``_specs``, ``_feeds``, ``_cache`` <- ``_session`` (the Session) <- ``_found_graph``,
 ``_found`` (valid inputs found by probing) <- ``_measure`` (the
 block timer, the sizes to time at, the verdicts' folder, ONNX Runtime alone) <- ``_auto``,
-``_pays`` <- ``_load`` (``load``, ``make_plan``) <- ``_verify``.
+``_pays`` <- ``_live`` (a session that learns its plan from the calls it serves) <- ``_load`` (``load``, ``make_plan``) <- ``_verify``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from ferry.runtime._feeds import (
     random_feeds,
 )
 from ferry.runtime._found import FoundInputs, found_inputs
+from ferry.runtime._live import LiveSession
 from ferry.runtime._load import (
     AUTO_BUDGET_S,
     PlanChoice,
@@ -60,6 +61,7 @@ __all__ = [
     "EngineCache",
     "FoundInputs",
     "InputChecker",
+    "LiveSession",
     "PartitionCheck",
     "PlanChoice",
     "Session",

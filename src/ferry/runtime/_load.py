@@ -35,6 +35,7 @@ from ferry.errors import InvalidInputError
 from ferry.graph import graph_inputs, load_model, model_source_path, prepare
 from ferry.plan import Plan
 from ferry.runtime._auto import AutoChoice, auto_plan
+from ferry.runtime._live import LiveSession, check_placement, wants_live
 from ferry.runtime._measure import alone_session, artifact_shapes, timing_feeds
 from ferry.runtime._pays import cached_verdict, plan_pays
 from ferry.runtime._session import Session, check_threads
@@ -72,6 +73,7 @@ def load(
     example_inputs: Mapping[str, np.ndarray] | None = None,
     accuracy: Budget | None = None,
     check_pays: bool = True,
+    placement: str = "live",
 ) -> Session:
     """Load a model and make it ready to run.
 
@@ -110,11 +112,18 @@ def load(
             warning, when the plan is slower: the engines you list are offered, and each runs
             only where it pays. False keeps the plan regardless; an engine named without ONNX
             Runtime (``"openvino"``) runs what it can, as asked.
+        placement: ``"live"`` (the default): when several engines are offered (``"auto"``, or
+            a list with ONNX Runtime) but the sizes are unknown (a symbolic dim past the batch,
+            no ``shapes``/``example_inputs`` nor saved sizes), start on ONNX Runtime alone and
+            move each bucket of input sizes to the plan that is checked to pay on its first
+            real call (:class:`ferry.runtime.LiveSession`, ``session.placement_report()``).
+            ``"fixed"``: keep the plan made at load.
 
     Returns:
         A Session; ``session.run({"input": array})`` gives ``{"output": array}``.
     """
     check_threads(threads)
+    check_placement(placement)
     names = parse_backends(backends)
     for name in names:
         if name != AUTO:
@@ -134,6 +143,14 @@ def load(
         )
     if shapes is None and example_inputs is None:
         shapes = artifact_shapes(source_path)
+    if plan is None and wants_live(
+        placement, work, names, shapes=shapes, example_inputs=example_inputs, check_pays=check_pays
+    ):
+        live = _live_session(
+            work, names, threads, precision, options, accuracy, source_path, cache_dir
+        )
+        if live is not None:
+            return live
     placed_here = plan is None
     # A session auto or the pays check built (and timed) for the very plan kept.
     built: Session | None = None
@@ -165,6 +182,39 @@ def load(
         built = Session(work, plan, threads=threads, source_path=source_path, cache_dir=cache_dir)
     built.quantization = quantization_report(source_path)
     return built
+
+
+def _live_session(
+    work: ir.Model,
+    names: list[str],
+    threads: int | None,
+    precision: str | None,
+    options: Mapping[str, Mapping[str, Any]] | None,
+    accuracy: Budget | None,
+    source_path: Path | None,
+    cache_dir: str | os.PathLike[str] | Literal[False] | None,
+) -> LiveSession | None:
+    """A session that learns its plan from the calls it serves (``placement="live"``); None when
+    the engines listed take nothing from ONNX Runtime (nothing to learn)."""
+    candidate = None
+    if names != [AUTO]:
+        candidate = _plan_for(
+            work, names, threads=threads, precision=precision, options=options
+        ).plan
+        if set(candidate.backends) == {FALLBACK}:
+            return None
+    live = LiveSession(
+        work,
+        names,
+        candidate,
+        threads=threads,
+        precision=precision,
+        accuracy=accuracy,
+        source_path=source_path,
+        cache_dir=cache_dir,
+    )
+    live.quantization = quantization_report(source_path)
+    return live
 
 
 def quantization_report(model_file: Path | None) -> dict[str, Any] | None:

@@ -1,0 +1,451 @@
+"""Live placement: a session whose input sizes were not given learns its plan from the calls it
+serves.
+
+When ``ferry.load`` is offered several engines (a list with ONNX Runtime among them, or
+``"auto"``) but cannot know the sizes the model will run at (a symbolic dim past the batch, no
+``shapes=``, ``example_inputs=`` nor saved sizes), timing a plan at made-up sizes says little about
+the calls to come. A :class:`LiveSession` starts on the safest plan, ONNX Runtime alone, and
+serves every call on it. Each call's sizes make its bucket: the exact shape of every input, batch
+included (the verdict caches are keyed by exact sizes, an engine compiled for dynamic sizes may be
+fast at one and slow at another, and the judge is run at those sizes: a rounded batch would time
+and judge sizes no call had). The first call of a new bucket (at most :data:`MAX_BUCKETS` per
+session) hands a copy of its inputs to one background daemon thread, which runs the placement for
+that bucket on them:
+
+- an explicit engine list: the placed plan is judged against ONNX Runtime alone on the sample
+  (:func:`ferry.parity.default_budget`) and timed against it (:func:`ferry.runtime._pays.plan_pays`);
+- ``"auto"``: :func:`ferry.runtime._auto.auto_plan` with the sample as feeds (it judges and times
+  every candidate).
+
+A plan that passes the judge and pays becomes the bucket's plan: later calls of that bucket run on
+it (the switch is one attribute store; a call in flight finishes on the plan it started on). A
+call never gets an answer from a plan not yet checked. What was learned is saved beside the other
+verdicts (``live-<model key>-<bucket key>.json``), so the next load, in this process or another,
+starts those buckets on their learned plan at once.
+
+Cost per call on a known bucket: the bucket key (a tuple of the inputs' shapes), one dict lookup,
+one counter increment.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import onnx_ir as ir
+
+from ferry.backends import AUTO, FALLBACK
+from ferry.errors import FerryError, InvalidInputError
+from ferry.graph import graph_inputs
+from ferry.parity import Budget, default_budget, within_budget
+from ferry.plan import Plan
+from ferry.runtime._auto import _budget_key, auto_plan
+from ferry.runtime._measure import machine_fingerprint, save_verdict, verdicts_dir
+from ferry.runtime._pays import cached_verdict, plan_pays
+from ferry.runtime._session import Session
+from ferry.runtime._specs import spec_of
+
+__all__ = ["MAX_BUCKETS", "PLACEMENTS", "LiveSession", "check_placement", "wants_live"]
+
+logger = logging.getLogger(__name__)
+
+#: The values ``ferry.load(placement=...)`` takes.
+PLACEMENTS = ("live", "fixed")
+#: Buckets (distinct input sizes) a session learns a plan for; later ones run on ONNX Runtime.
+MAX_BUCKETS = 4
+#: Buckets whose calls are counted in the report; calls of further sizes run on the base plan
+#: without being recorded, so a caller cycling through sizes cannot grow the session.
+_MAX_ROUTES = 256
+#: Seconds ``auto`` spends timing candidates for one bucket (as ``ferry.load`` gives it).
+LIVE_AUTO_BUDGET_S = 5.0
+
+Bucket = tuple[tuple[int, ...], ...]
+
+
+def check_placement(placement: str) -> None:
+    """Refuse a ``placement`` that is not ``"live"`` nor ``"fixed"``.
+
+    Raises:
+        InvalidInputError: anything else.
+    """
+    if placement not in PLACEMENTS:
+        raise InvalidInputError(
+            f"placement must be 'live' (learn the plan from the calls served) or 'fixed' "
+            f"(the plan made at load), got {placement!r}"
+        )
+
+
+def wants_live(
+    placement: str,
+    model: ir.Model,
+    names: Sequence[str],
+    *,
+    shapes: Any,
+    example_inputs: Any,
+    check_pays: bool,
+) -> bool:
+    """Whether ``load`` should make a :class:`LiveSession`: placement ``"live"``, several engines
+    offered (``"auto"``, or a list with ONNX Runtime among others), the pays check not turned off
+    (False forces the plan), and no sizes known (none given nor saved, and a symbolic dim past
+    the batch: a batch alone counts as 1 and is timed at load as before)."""
+    if placement != "live" or not check_pays or shapes is not None or example_inputs is not None:
+        return False
+    offered = list(names) == [AUTO] or (FALLBACK in names and len(names) > 1)
+    if not offered:
+        return False
+    specs = [spec_of(v) for v in graph_inputs(model)]
+    return any(isinstance(d, str) or d is None for s in specs for d in s.shape[1:])
+
+
+@dataclasses.dataclass
+class _Route:
+    """One bucket: the session its calls run on, and what was learned about it."""
+
+    session: Session
+    bucket: dict[str, list[int]]
+    calls: int = 0
+    state: str = "on onnxruntime (not learned)"
+    label: str = FALLBACK
+    speedup: float | None = None
+    plan_ms: float | None = None
+    alone_ms: float | None = None
+    switched_at: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "bucket": self.bucket,
+            "plan": self.label,
+            "state": self.state,
+            "speedup": self.speedup,
+            "plan_ms": self.plan_ms,
+            "alone_ms": self.alone_ms,
+            "calls": self.calls,
+            "switched_at": self.switched_at,
+        }
+
+
+class LiveSession(Session):
+    """A Session on ONNX Runtime alone that moves each bucket of input sizes to the plan that
+    pays for it, learned in the background from the calls it serves (see the module's text).
+
+    ``run`` stays the API; :meth:`placement_report` says what was learned and
+    :meth:`placement_settled` waits for the learning under way.
+    """
+
+    def __init__(
+        self,
+        model: ir.Model,
+        names: Sequence[str],
+        candidate: Plan | None,
+        *,
+        threads: int | None = None,
+        precision: str | None = None,
+        accuracy: Budget | None = None,
+        source_path: Path | None = None,
+        cache_dir: str | os.PathLike[str] | Literal[False] | None = None,
+    ) -> None:
+        super().__init__(
+            model,
+            Plan.whole_graph(model, FALLBACK),
+            threads=threads,
+            source_path=source_path,
+            cache_dir=cache_dir,
+        )
+        self._names = list(names)
+        self._candidate = candidate  # the placed plan (explicit list); None: auto
+        self._precision = precision
+        self._accuracy = accuracy
+        self._source_path = source_path
+        self._cache_dir = cache_dir
+        self._run_base = super().run
+        self._bucket_names = tuple(self.input_names)
+        self._routes: dict[Bucket, _Route] = {}
+        self._learning = 0  # buckets handed to the learner, this session
+        self._jobs: collections.deque[tuple[Bucket, dict[str, np.ndarray]]] = collections.deque()
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)
+        self._worker: threading.Thread | None = None
+        self._built: dict[str, Session] = {}
+        #: The switches made, in order: bucket, plan, speedup, when.
+        self.switches: list[dict[str, Any]] = []
+        self._key = self._model_key()
+        self._load_learned()
+
+    # --- serving -----------------------------------------------------------------------------
+
+    def run(
+        self, inputs: Mapping[str, Any], outputs: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run the model on its bucket's plan (ONNX Runtime until a faster one is checked); see
+        :meth:`Session.run`."""
+        try:
+            key = tuple([inputs[name].shape for name in self._bucket_names])
+        except (KeyError, AttributeError, TypeError):
+            return self._run_base(inputs, outputs)  # its checker names what is wrong
+        route = self._routes.get(key)
+        if route is None:
+            route = self._first_call(key, inputs)
+            if route is None:
+                return self._run_base(inputs, outputs)
+        route.calls += 1
+        return route.session.run(inputs, outputs)
+
+    def _first_call(self, key: Bucket, inputs: Mapping[str, Any]) -> _Route | None:
+        self._checker.check(inputs)  # bad inputs fail here, before any learning
+        with self._lock:
+            route = self._routes.get(key)
+            if route is not None or len(self._routes) >= _MAX_ROUTES:
+                return route
+            bucket = {n: [int(d) for d in shape] for n, shape in zip(self._bucket_names, key)}
+            route = _Route(self._plain(), bucket)
+            if self._learning < MAX_BUCKETS:
+                self._learning += 1
+                route.state = "learning"
+                sample = {n: np.array(inputs[n], copy=True) for n in self._bucket_names}
+                self._jobs.append((key, sample))
+                self._pending += 1
+                if self._worker is None:
+                    self._worker = threading.Thread(
+                        target=self._work, name="ferry-live-placement", daemon=True
+                    )
+                    self._worker.start()
+            else:
+                route.state = f"on onnxruntime (learning is bounded to {MAX_BUCKETS} buckets)"
+            self._routes[key] = route
+        return route
+
+    def _plain(self) -> Session:
+        """This session's ONNX Runtime engine as a plain Session (shared, not compiled again)."""
+        plain = copy.copy(self)
+        plain.__class__ = Session
+        return plain
+
+    # --- reporting ---------------------------------------------------------------------------
+
+    def placement_report(self) -> dict[str, Any]:
+        """What live placement did: ``{"placement": "live", "offered": [...], "switches": [...],
+        "buckets": [...]}``, one bucket per input sizes seen (plan label, state, speedup over
+        ONNX Runtime alone, calls served, when it switched)."""
+        with self._lock:
+            return {
+                "placement": "live",
+                "offered": list(self._names),
+                "switches": list(self.switches),
+                "buckets": [r.to_dict() for r in self._routes.values()],
+            }
+
+    def placement_settled(self, timeout: float | None = None) -> bool:
+        """Wait until every bucket handed to the learner is decided; False if ``timeout``
+        seconds passed first."""
+        with self._settled:
+            return self._settled.wait_for(lambda: self._pending == 0, timeout)
+
+    # --- learning ----------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                if not self._jobs:
+                    self._worker = None
+                    return
+                key, sample = self._jobs.popleft()
+            try:
+                self._learn(key, sample)
+            except Exception as e:  # a failed trial must never break serving
+                route = self._routes[key]
+                route.state = f"on onnxruntime (learning failed: {e})"
+                logger.warning("live placement at %s: kept ONNX Runtime: %s", route.bucket, e)
+            finally:
+                with self._settled:
+                    self._pending -= 1
+                    self._settled.notify_all()
+
+    def _learn(self, key: Bucket, sample: dict[str, np.ndarray]) -> None:
+        route = self._routes[key]
+        if self._candidate is None:
+            found = self._learn_auto(sample)
+        else:
+            found = self._learn_plan(self._candidate, route, sample)
+        if found is None:
+            self._save(key, None, route)
+            return
+        plan, label, plan_ms, alone_ms = found
+        session = self._session_of(plan)
+        route.label, route.plan_ms, route.alone_ms = label, plan_ms, alone_ms
+        route.speedup = alone_ms / plan_ms if plan_ms else None
+        self._switch(route, session, "measured")
+        self._save(key, plan, route)
+
+    def _learn_plan(
+        self, plan: Plan, route: _Route, sample: dict[str, np.ndarray]
+    ) -> tuple[Plan, str, float, float] | None:
+        """The placed plan when it passes the judge and pays at ``sample``'s sizes, else None."""
+        where = f"{len(plan.partitions)} partition(s) on {', '.join(plan.backends)}"
+        placed = self._session_of(plan)
+        expected = self._run_base(dict(sample))
+        budget, words = default_budget(self.model, expected)
+        judged = within_budget(placed.run(dict(sample)), expected, budget)
+        if not judged.passed:
+            route.state = "on onnxruntime (the plan failed the judge)"
+            logger.warning(
+                "live placement at %s: the plan (%s) is outside the accuracy budget (%s): "
+                "ONNX Runtime alone keeps this bucket",
+                route.bucket,
+                where,
+                words,
+            )
+            return None
+        verdict = cached_verdict(self.model, plan, sample, self.threads)
+        if verdict is None:
+            verdict = plan_pays(
+                self.model, placed, sample, threads=self.threads, alone=self._plain()
+            )
+        route.plan_ms, route.alone_ms = verdict.plan_ms, verdict.alone_ms
+        route.speedup = verdict.alone_ms / verdict.plan_ms if verdict.plan_ms else None
+        if not verdict.pays:
+            route.state = "on onnxruntime (the plan is not faster)"
+            logger.warning(
+                "live placement at %s: running ONNX Runtime alone, not the plan asked for (%s): %s",
+                route.bucket,
+                where,
+                verdict.describe(),
+            )
+            return None
+        return plan, "+".join(plan.backends), verdict.plan_ms, verdict.alone_ms
+
+    def _learn_auto(self, sample: dict[str, np.ndarray]) -> tuple[Plan, str, float, float] | None:
+        """Auto's choice at ``sample`` (judged and timed there), None when it is ONNX Runtime."""
+        choice = auto_plan(
+            self.model,
+            accuracy=self._accuracy,
+            precision=self._precision,
+            budget_s=LIVE_AUTO_BUDGET_S,
+            feeds=sample,
+            threads=self.threads,
+            source_path=self._source_path,
+            cache_dir=self._cache_dir,
+        )
+        if set(choice.plan.backends) == {FALLBACK} and len(choice.plan.partitions) == 1:
+            return None
+        if choice.session is not None:
+            self._built.setdefault(_signature(choice.plan), choice.session)
+        rows = {row["label"]: row for row in choice.table}
+        base = next((r for r in choice.table if r["label"] == f"{FALLBACK} fp32"), None)
+        chosen = rows.get(choice.label, {})
+        plan_ms = float(chosen.get("latency_ms") or 0.0)
+        alone_ms = float((base or {}).get("latency_ms") or 0.0)
+        return choice.plan, choice.label, plan_ms, alone_ms
+
+    def _switch(self, route: _Route, session: Session, how: str) -> None:
+        route.session = session  # one store: calls in flight keep the session they hold
+        route.switched_at = time.time()
+        route.state = f"switched ({how})"
+        self.switches.append(
+            {
+                "bucket": route.bucket,
+                "plan": route.label,
+                "speedup": route.speedup,
+                "plan_ms": route.plan_ms,
+                "alone_ms": route.alone_ms,
+                "at": route.switched_at,
+                "how": how,
+            }
+        )
+        logger.info(
+            "live placement at %s: switched to %s (%s ms vs ONNX Runtime alone %s ms, %sx)",
+            route.bucket,
+            route.label,
+            _fmt(route.plan_ms),
+            _fmt(route.alone_ms),
+            _fmt(route.speedup),
+        )
+
+    def _session_of(self, plan: Plan) -> Session:
+        signature = _signature(plan)
+        session = self._built.get(signature)
+        if session is None:
+            session = Session(
+                self.model,
+                plan,
+                threads=self.threads,
+                source_path=self._source_path,
+                cache_dir=self._cache_dir,
+            )
+            self._built[signature] = session
+        return session
+
+    # --- what was learned, kept ----------------------------------------------------------------
+
+    def _model_key(self) -> str:
+        digest = hashlib.sha256()
+        digest.update(ir.to_proto(self.model).SerializeToString(deterministic=True))
+        candidate = None if self._candidate is None else self._candidate.to_dict()
+        accuracy = _budget_key(self._accuracy)
+        settings = [self._names, candidate, self._precision, accuracy, self.threads]
+        digest.update(json.dumps([settings, machine_fingerprint()], default=str).encode())
+        return digest.hexdigest()[:24]
+
+    def _path(self, key: Bucket) -> Path:
+        bucket = hashlib.sha256(json.dumps([list(s) for s in key]).encode()).hexdigest()[:16]
+        return verdicts_dir() / f"live-{self._key}-{bucket}.json"
+
+    def _save(self, key: Bucket, plan: Plan | None, route: _Route) -> None:
+        data = {
+            "bucket": route.bucket,
+            "plan": None if plan is None else plan.to_dict(),
+            "label": route.label if plan is not None else FALLBACK,
+            "plan_ms": route.plan_ms,
+            "alone_ms": route.alone_ms,
+            "state": route.state,
+        }
+        save_verdict(self._path(key), data, "live placement's choice")
+
+    def _load_learned(self) -> None:
+        """Start the buckets learned before (this model, offer and machine) on their plan."""
+        try:
+            paths = sorted(verdicts_dir().glob(f"live-{self._key}-*.json"))
+        except OSError:
+            return
+        for path in paths[:MAX_BUCKETS]:
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                bucket = {str(n): [int(d) for d in s] for n, s in data["bucket"].items()}
+                key: Bucket = tuple(tuple(bucket[n]) for n in self._bucket_names)
+                plan = None if data["plan"] is None else Plan.from_dict(data["plan"])
+            except (OSError, ValueError, KeyError, TypeError, FerryError):
+                continue
+            route = _Route(self._plain(), bucket, state=str(data.get("state", "")))
+            route.plan_ms, route.alone_ms = data.get("plan_ms"), data.get("alone_ms")
+            if route.plan_ms and route.alone_ms:
+                route.speedup = route.alone_ms / route.plan_ms
+            self._routes[key] = route
+            self._learning += 1  # a known bucket counts against the bound: it is learned
+            if plan is None:
+                continue
+            try:
+                session = self._session_of(plan)
+            except FerryError as e:
+                route.state = f"on onnxruntime (the learned plan failed to build: {e})"
+                continue
+            route.label = str(data.get("label", "+".join(plan.backends)))
+            self._switch(route, session, "learned before")
+
+
+def _signature(plan: Plan) -> str:
+    return json.dumps(plan.to_dict(), sort_keys=True)
+
+
+def _fmt(value: float | None) -> str:
+    return "?" if value is None else f"{value:.3g}"

@@ -1,0 +1,231 @@
+"""Live placement (``ferry.load(placement="live")``): a session loaded without sizes starts on ONNX
+Runtime alone and learns, per bucket of input sizes, the plan that pays, in the background.
+
+The engines are made up (``fake_engines``): ``close`` answers within the default budget, ``wrong``
+outside any; the pays check's timer is replaced so that which plan is faster is known.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+from onnx import helper
+
+import fake_engines
+import ferry
+from ferry.errors import InvalidInputError
+from ferry.runtime import LiveSession, _live, _pays
+
+
+def seq_model() -> Any:
+    """``fake_engines.heavy_model`` with a symbolic dim past the batch: x[batch, seq, 512]."""
+    proto = fake_engines.heavy_model()
+    for value in (proto.graph.input[0], proto.graph.output[0]):
+        value.CopyFrom(
+            helper.make_tensor_value_info(
+                value.name, value.type.tensor_type.elem_type, ["batch", "seq", fake_engines.WIDTH]
+            )
+        )
+    return proto
+
+
+def feeds(seq: int, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"x": rng.standard_normal((batch, seq, fake_engines.WIDTH)).astype(np.float32)}
+
+
+def truth(proto: Any, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, inputs)[0]
+
+
+def timed(plan_ms: float, alone_ms: float) -> Any:
+    """The pays check's block timer, giving the plan and ONNX Runtime alone these times."""
+
+    def time_in_blocks(runs: list[Any], inputs: Any, budget_s: float) -> None:
+        for contender, session in runs:
+            session.run(dict(inputs))
+            contender.latency_ms = plan_ms if contender.label == "plan" else alone_ms
+
+    return time_in_blocks
+
+
+@pytest.fixture
+def engines(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    fake_engines.register(monkeypatch)
+    monkeypatch.setenv("FERRY_CACHE_DIR", str(tmp_path))
+
+
+def test_a_live_session_starts_on_onnxruntime_and_switches_when_the_plan_pays(
+    engines: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(_pays, "time_in_blocks", timed(1.0, 4.0))
+    proto = seq_model()
+    session = ferry.load(proto, backends="close,onnxruntime", cache_dir=False)
+    assert isinstance(session, LiveSession)
+    assert session.plan.backends == ["onnxruntime"]
+    caplog.set_level(logging.INFO, logger="ferry.runtime._live")
+    short = feeds(8)
+    expected = truth(proto, short)
+    # Every call while learning is ONNX Runtime's answer, exactly.
+    for _ in range(3):
+        np.testing.assert_array_equal(session.run(short)["y"], expected)
+    assert session.placement_settled(30)
+    report = session.placement_report()
+    (bucket,) = report["buckets"]
+    assert bucket["bucket"] == {"x": [1, 8, fake_engines.WIDTH]}
+    assert bucket["plan"] == "close" and bucket["state"].startswith("switched")
+    assert bucket["speedup"] == pytest.approx(4.0)
+    assert len(report["switches"]) == 1 and "switched to close" in caplog.text
+    # Now on ``close``: within budget of the truth, not the truth itself.
+    got = session.run(short)["y"]
+    np.testing.assert_allclose(got, fake_engines.close(expected), rtol=1e-6)
+    assert session.placement_report()["buckets"][0]["calls"] == 4
+
+
+def test_a_plan_that_does_not_pay_is_not_taken_and_warned(
+    engines: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(_pays, "time_in_blocks", timed(9.0, 4.0))
+    proto = seq_model()
+    session = ferry.load(proto, backends="close,onnxruntime", cache_dir=False)
+    short = feeds(8)
+    session.run(short)
+    assert session.placement_settled(30)
+    (bucket,) = session.placement_report()["buckets"]
+    assert bucket["plan"] == "onnxruntime" and "not faster" in bucket["state"]
+    assert "running ONNX Runtime alone" in caplog.text and "9 ms" in caplog.text
+    np.testing.assert_array_equal(session.run(short)["y"], truth(proto, short))
+
+
+def test_a_plan_outside_the_judge_is_never_taken(
+    engines: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_pays, "time_in_blocks", timed(1.0, 4.0))  # fast, but wrong
+    proto = seq_model()
+    session = ferry.load(proto, backends="wrong,onnxruntime", cache_dir=False)
+    short = feeds(8)
+    session.run(short)
+    assert session.placement_settled(30)
+    (bucket,) = session.placement_report()["buckets"]
+    assert "failed the judge" in bucket["state"] and not session.placement_report()["switches"]
+    np.testing.assert_array_equal(session.run(short)["y"], truth(proto, short))
+
+
+def test_buckets_are_learned_apart_and_the_next_load_starts_on_what_was_learned(
+    engines: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[list[int]] = []
+
+    def by_size(runs: list[Any], inputs: Any, budget_s: float) -> None:
+        seq = int(inputs["x"].shape[1])
+        calls.append(list(inputs["x"].shape))
+        for contender, session in runs:
+            session.run(dict(inputs))
+            # ``close`` pays on long inputs only.
+            fast = 1.0 if seq > 16 else 9.0
+            contender.latency_ms = fast if contender.label == "plan" else 4.0
+
+    monkeypatch.setattr(_pays, "time_in_blocks", by_size)
+    proto = seq_model()
+    session = ferry.load(proto, backends="close,onnxruntime", cache_dir=False)
+    short, long = feeds(8), feeds(32)
+    session.run(short)
+    session.run(long)
+    assert session.placement_settled(30)
+    states = {b["bucket"]["x"][1]: b for b in session.placement_report()["buckets"]}
+    assert states[8]["plan"] == "onnxruntime" and states[32]["plan"] == "close"
+    np.testing.assert_array_equal(session.run(short)["y"], truth(proto, short))
+    np.testing.assert_allclose(
+        session.run(long)["y"], fake_engines.close(truth(proto, long)), rtol=1e-6
+    )
+    assert len(calls) == 2
+    # A new load: both buckets known at once, nothing timed again.
+    again = ferry.load(proto, backends="close,onnxruntime", cache_dir=False)
+    assert isinstance(again, LiveSession)
+    known = {b["bucket"]["x"][1]: b for b in again.placement_report()["buckets"]}
+    assert known[32]["plan"] == "close" and known[8]["plan"] == "onnxruntime"
+    np.testing.assert_allclose(
+        again.run(long)["y"], fake_engines.close(truth(proto, long)), rtol=1e-6
+    )
+    assert again.placement_settled(5) and len(calls) == 2
+
+
+def test_learning_is_bounded_per_session(engines: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_pays, "time_in_blocks", timed(9.0, 4.0))
+    monkeypatch.setattr(_live, "MAX_BUCKETS", 2)
+    session = ferry.load(seq_model(), backends="close,onnxruntime", cache_dir=False)
+    for seq in (2, 3, 4):
+        session.run(feeds(seq))
+    assert session.placement_settled(30)
+    states = [b["state"] for b in session.placement_report()["buckets"]]
+    assert sum("bounded" in s for s in states) == 1
+
+
+def test_auto_learns_per_bucket_on_the_real_call(
+    engines: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[list[int]] = []
+
+    def auto_plan(model: ir.Model, **kwargs: Any) -> Any:
+        seen.append(list(kwargs["feeds"]["x"].shape))
+        return ferry.runtime.auto_plan(model, backends=["close", "wrong"], **kwargs)
+
+    monkeypatch.setattr(_live, "auto_plan", functools.partial(auto_plan))
+    proto = seq_model()
+    session = ferry.load(proto, backends="auto", cache_dir=False)
+    assert isinstance(session, LiveSession) and session.plan.backends == ["onnxruntime"]
+    long = feeds(32, batch=2)
+    np.testing.assert_array_equal(session.run(long)["y"], truth(proto, long))
+    assert session.placement_settled(60)
+    assert seen == [[2, 32, fake_engines.WIDTH]]
+    (bucket,) = session.placement_report()["buckets"]
+    assert bucket["plan"] == "close fp32" and bucket["speedup"] > 1
+
+
+def test_fixed_placement_and_a_forced_plan_keep_todays_behaviour(
+    engines: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(_pays, "time_in_blocks", timed(9.0, 4.0))
+    proto = seq_model()
+    fixed = ferry.load(proto, backends="close,onnxruntime", cache_dir=False, placement="fixed")
+    assert not isinstance(fixed, LiveSession) and fixed.plan.backends == ["close"]
+    forced = ferry.load(proto, backends="close,onnxruntime", cache_dir=False, check_pays=False)
+    assert not isinstance(forced, LiveSession) and forced.plan.backends == ["close"]
+    sized = ferry.load(
+        proto, backends="close,onnxruntime", cache_dir=False, shapes={"x": (1, 8, 512)}
+    )
+    assert not isinstance(sized, LiveSession) and sized.plan.backends == ["onnxruntime"]
+    alone = ferry.load(proto, backends="close", cache_dir=False)
+    assert not isinstance(alone, LiveSession)
+    with pytest.raises(InvalidInputError, match="placement must be 'live'"):
+        ferry.load(proto, backends="close,onnxruntime", placement="sometimes")
+
+
+def test_a_known_bucket_costs_a_lookup(engines: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The live route adds little to a call on a small model (a generous bound: shared CI)."""
+    monkeypatch.setattr(_pays, "time_in_blocks", timed(9.0, 4.0))
+    proto = seq_model()
+    live = ferry.load(proto, backends="close,onnxruntime", cache_dir=False)
+    plain = ferry.load(proto, cache_dir=False)
+    small = feeds(1)
+    live.run(small)
+    assert live.placement_settled(30)
+
+    def best(session: Any) -> float:
+        times = []
+        for _ in range(200):
+            start = time.perf_counter()
+            session.run(small)
+            times.append(time.perf_counter() - start)
+        return float(np.median(times))
+
+    best(live), best(plain)
+    assert best(live) < best(plain) * 1.5 + 20e-6
