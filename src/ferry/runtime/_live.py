@@ -30,7 +30,6 @@ one counter increment.
 from __future__ import annotations
 
 import collections
-import copy
 import dataclasses
 import hashlib
 import json
@@ -105,7 +104,10 @@ def wants_live(
     if not offered:
         return False
     specs = [spec_of(v) for v in graph_inputs(model)]
-    return any(isinstance(d, str) or d is None for s in specs for d in s.shape[1:])
+    # An unknown rank is an unknown size too.
+    return any(
+        s.shape is None or any(isinstance(d, str) or d is None for d in s.shape[1:]) for s in specs
+    )
 
 
 @dataclasses.dataclass
@@ -228,8 +230,8 @@ class LiveSession(Session):
 
     def _plain(self) -> Session:
         """This session's ONNX Runtime engine as a plain Session (shared, not compiled again)."""
-        plain = copy.copy(self)
-        plain.__class__ = Session
+        plain = Session.__new__(Session)
+        plain.__dict__.update(self.__dict__)
         return plain
 
     # --- reporting ---------------------------------------------------------------------------
