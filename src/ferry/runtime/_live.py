@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -49,8 +48,8 @@ from ferry.errors import FerryError, InvalidInputError
 from ferry.graph import graph_inputs
 from ferry.parity import Budget, default_budget, within_budget
 from ferry.plan import Plan
-from ferry.runtime._auto import _budget_key, auto_plan
-from ferry.runtime._measure import machine_fingerprint, save_verdict, verdicts_dir
+from ferry.runtime._auto import auto_plan
+from ferry.runtime._live_store import Learned, live_key, read_learned, save_learned
 from ferry.runtime._pays import cached_verdict, plan_pays
 from ferry.runtime._session import Session
 from ferry.runtime._specs import spec_of
@@ -182,7 +181,7 @@ class LiveSession(Session):
         self._built: dict[str, Session] = {}
         #: The switches made, in order: bucket, plan, speedup, when.
         self.switches: list[dict[str, Any]] = []
-        self._key = self._model_key()
+        self._key = live_key(model, self._names, candidate, precision, accuracy, threads)
         self._load_learned()
 
     # --- serving -----------------------------------------------------------------------------
@@ -281,14 +280,14 @@ class LiveSession(Session):
         else:
             found = self._learn_plan(self._candidate, route, sample)
         if found is None:
-            self._save(key, None, route)
+            self._save(None, route)
             return
         plan, label, plan_ms, alone_ms = found
         session = self._session_of(plan)
         route.label, route.plan_ms, route.alone_ms = label, plan_ms, alone_ms
         route.speedup = alone_ms / plan_ms if plan_ms else None
         self._switch(route, session, "measured")
-        self._save(key, plan, route)
+        self._save(plan, route)
 
     def _learn_plan(
         self, plan: Plan, route: _Route, sample: dict[str, np.ndarray]
@@ -390,58 +389,32 @@ class LiveSession(Session):
 
     # --- what was learned, kept ----------------------------------------------------------------
 
-    def _model_key(self) -> str:
-        digest = hashlib.sha256()
-        digest.update(ir.to_proto(self.model).SerializeToString(deterministic=True))
-        candidate = None if self._candidate is None else self._candidate.to_dict()
-        accuracy = _budget_key(self._accuracy)
-        settings = [self._names, candidate, self._precision, accuracy, self.threads]
-        digest.update(json.dumps([settings, machine_fingerprint()], default=str).encode())
-        return digest.hexdigest()[:24]
-
-    def _path(self, key: Bucket) -> Path:
-        bucket = hashlib.sha256(json.dumps([list(s) for s in key]).encode()).hexdigest()[:16]
-        return verdicts_dir() / f"live-{self._key}-{bucket}.json"
-
-    def _save(self, key: Bucket, plan: Plan | None, route: _Route) -> None:
-        data = {
-            "bucket": route.bucket,
-            "plan": None if plan is None else plan.to_dict(),
-            "label": route.label if plan is not None else FALLBACK,
-            "plan_ms": route.plan_ms,
-            "alone_ms": route.alone_ms,
-            "state": route.state,
-        }
-        save_verdict(self._path(key), data, "live placement's choice")
+    def _save(self, plan: Plan | None, route: _Route) -> None:
+        label = route.label if plan is not None else FALLBACK
+        learned = Learned(route.bucket, plan, label, route.plan_ms, route.alone_ms, route.state)
+        save_learned(self._key, learned)
 
     def _load_learned(self) -> None:
         """Start the buckets learned before (this model, offer and machine) on their plan."""
-        try:
-            paths = sorted(verdicts_dir().glob(f"live-{self._key}-*.json"))
-        except OSError:
-            return
-        for path in paths[:MAX_BUCKETS]:
+        for learned in read_learned(self._key, MAX_BUCKETS):
             try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-                bucket = {str(n): [int(d) for d in s] for n, s in data["bucket"].items()}
-                key: Bucket = tuple(tuple(bucket[n]) for n in self._bucket_names)
-                plan = None if data["plan"] is None else Plan.from_dict(data["plan"])
-            except (OSError, ValueError, KeyError, TypeError, FerryError):
+                key: Bucket = tuple(tuple(learned.bucket[n]) for n in self._bucket_names)
+            except KeyError:
                 continue
-            route = _Route(self._plain(), bucket, state=str(data.get("state", "")))
-            route.plan_ms, route.alone_ms = data.get("plan_ms"), data.get("alone_ms")
+            route = _Route(self._plain(), learned.bucket, state=learned.state)
+            route.plan_ms, route.alone_ms = learned.plan_ms, learned.alone_ms
             if route.plan_ms and route.alone_ms:
                 route.speedup = route.alone_ms / route.plan_ms
             self._routes[key] = route
             self._learning += 1  # a known bucket counts against the bound: it is learned
-            if plan is None:
+            if learned.plan is None:
                 continue
             try:
-                session = self._session_of(plan)
+                session = self._session_of(learned.plan)
             except FerryError as e:
                 route.state = f"on onnxruntime (the learned plan failed to build: {e})"
                 continue
-            route.label = str(data.get("label", "+".join(plan.backends)))
+            route.label = learned.label or "+".join(learned.plan.backends)
             self._switch(route, session, "learned before")
 
 
