@@ -229,3 +229,26 @@ def test_a_known_bucket_costs_a_lookup(engines: None, monkeypatch: pytest.Monkey
 
     best(live), best(plain)
     assert best(live) < best(plain) * 1.5 + 20e-6
+
+
+def test_exiting_while_openvino_learns_is_clean(tmp_path: Any) -> None:
+    """An engine compiling in the learner's daemon thread when the interpreter tears down aborted
+    the process (rc 134, ``terminate called without an active exception``): exit stops it."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("openvino")
+    model = tmp_path / "seq.onnx"
+    model.write_bytes(seq_model().SerializeToString())
+    env = {**__import__("os").environ, "FERRY_CACHE_DIR": str(tmp_path / "cache")}
+    # Where exit lands in the learner's work is a matter of timing: exit at a few moments.
+    for delay in (0.0, 0.01, 0.02, 0.05):
+        script = (
+            "import time, numpy as np, ferry\n"
+            f"s = ferry.load({str(model)!r}, backends='openvino,onnxruntime', cache_dir=False)\n"
+            f"s.run({{'x': np.ones((1, 8, 512), np.float32)}}); time.sleep({delay})\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, (delay, done.stderr[-2000:])

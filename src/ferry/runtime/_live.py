@@ -29,6 +29,7 @@ one counter increment.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import dataclasses
 import json
@@ -36,6 +37,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -178,6 +180,7 @@ class LiveSession(Session):
         self._lock = threading.Lock()
         self._settled = threading.Condition(self._lock)
         self._worker: threading.Thread | None = None
+        self._closing = False  # set at interpreter exit: learning stops at its next step
         self._built: dict[str, Session] = {}
         #: The switches made, in order: bucket, plan, speedup, when.
         self.switches: list[dict[str, Any]] = []
@@ -211,13 +214,14 @@ class LiveSession(Session):
                 return route
             bucket = {n: [int(d) for d in shape] for n, shape in zip(self._bucket_names, key)}
             route = _Route(self._plain(), bucket)
-            if self._learning < MAX_BUCKETS:
+            if self._learning < MAX_BUCKETS and not self._closing:
                 self._learning += 1
                 route.state = "learning"
                 sample = {n: np.array(inputs[n], copy=True) for n in self._bucket_names}
                 self._jobs.append((key, sample))
                 self._pending += 1
                 if self._worker is None:
+                    _LEARNING.add(self)
                     self._worker = threading.Thread(
                         target=self._work, name="ferry-live-placement", daemon=True
                     )
@@ -258,12 +262,14 @@ class LiveSession(Session):
     def _work(self) -> None:
         while True:
             with self._lock:
-                if not self._jobs:
+                if not self._jobs or self._closing:
                     self._worker = None
                     return
                 key, sample = self._jobs.popleft()
             try:
                 self._learn(key, sample)
+            except _Closing:
+                self._routes[key].state = "on onnxruntime (learning stopped at exit)"
             except Exception as e:  # a failed trial must never break serving
                 route = self._routes[key]
                 route.state = f"on onnxruntime (learning failed: {e})"
@@ -275,6 +281,7 @@ class LiveSession(Session):
 
     def _learn(self, key: Bucket, sample: dict[str, np.ndarray]) -> None:
         route = self._routes[key]
+        self._check_open()
         if self._candidate is None:
             found = self._learn_auto(sample)
         else:
@@ -283,11 +290,28 @@ class LiveSession(Session):
             self._save(None, route)
             return
         plan, label, plan_ms, alone_ms = found
+        self._check_open()
         session = self._session_of(plan)
         route.label, route.plan_ms, route.alone_ms = label, plan_ms, alone_ms
         route.speedup = alone_ms / plan_ms if plan_ms else None
         self._switch(route, session, "measured")
         self._save(plan, route)
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise _Closing
+
+    def _stop(self) -> None:
+        """Drop the buckets not yet tried and wait for the step under way: an engine compiling
+        in a daemon thread when the interpreter tears down aborts the process."""
+        with self._lock:
+            self._closing = True
+            self._pending -= len(self._jobs)
+            self._jobs.clear()
+            worker = self._worker
+            self._settled.notify_all()
+        if worker is not None:
+            worker.join(_STOP_WAIT_S)
 
     def _learn_plan(
         self, plan: Plan, route: _Route, sample: dict[str, np.ndarray]
@@ -310,6 +334,7 @@ class LiveSession(Session):
             return None
         verdict = cached_verdict(self.model, plan, sample, self.threads)
         if verdict is None:
+            self._check_open()
             verdict = plan_pays(
                 self.model, placed, sample, threads=self.threads, alone=self._plain()
             )
@@ -416,6 +441,22 @@ class LiveSession(Session):
                 continue
             route.label = learned.label or "+".join(learned.plan.backends)
             self._switch(route, session, "learned before")
+
+
+class _Closing(Exception):
+    """The interpreter is exiting: learning stops."""
+
+
+#: Sessions whose learner has run, stopped at exit (:meth:`LiveSession._stop`).
+_LEARNING: weakref.WeakSet[LiveSession] = weakref.WeakSet()
+#: The longest exit waits for a learning step under way (a compile, or the pays check's timing).
+_STOP_WAIT_S = 60.0
+
+
+@atexit.register
+def _stop_learning() -> None:
+    for session in list(_LEARNING):
+        session._stop()
 
 
 def _signature(plan: Plan) -> str:
