@@ -210,7 +210,8 @@ def test_fixed_placement_and_a_forced_plan_keep_todays_behaviour(
 
 
 def test_a_known_bucket_costs_a_lookup(engines: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The live route adds little to a call on a small model (a generous bound: shared CI)."""
+    """The live route adds little to a call (measured: ~0.6 us on a 5 us call); the two are
+    timed call by call in turn, so a busy machine slows both alike, and the bound is generous."""
     monkeypatch.setattr(_pays, "time_in_blocks", timed(9.0, 4.0))
     proto = seq_model()
     live = ferry.load(proto, backends="close,onnxruntime", cache_dir=False)
@@ -218,17 +219,14 @@ def test_a_known_bucket_costs_a_lookup(engines: None, monkeypatch: pytest.Monkey
     small = feeds(1)
     live.run(small)
     assert live.placement_settled(30)
-
-    def best(session: Any) -> float:
-        times = []
-        for _ in range(200):
+    times: dict[Any, list[float]] = {live: [], plain: []}
+    for _ in range(300):
+        for session, spent in times.items():
             start = time.perf_counter()
             session.run(small)
-            times.append(time.perf_counter() - start)
-        return float(np.median(times))
-
-    best(live), best(plain)
-    assert best(live) < best(plain) * 1.5 + 20e-6
+            spent.append(time.perf_counter() - start)
+    live_s, plain_s = (float(np.median(times[s])) for s in (live, plain))
+    assert live_s < plain_s * 1.3 + 20e-6, (live_s, plain_s)
 
 
 def test_exiting_while_openvino_learns_is_clean(tmp_path: Any) -> None:
