@@ -30,9 +30,15 @@ VERBS = [verb for verb in typed_cells.VERBS if verb != "serve"]
 #: Verbs that take over 20 s a cell (measured on two busy cores: quantize 67 s, plan 31 s,
 #: ort-mobile 30 s, optimize 29 s; the others 3 to 18 s).
 SLOW = {"optimize", "ort-mobile", "plan", "quantize"}
-#: Cells known to fail, and why (none among those run here; the whole matrix's are in the
-#: README's kit table: DETR tiles' int8 decisions agree on 98.7% of unseen rounds, under 99%).
-KNOWN: dict[tuple[str, str], str] = {}
+#: Cells known to fail, and why (the whole matrix's are in the README's kit table: DETR tiles'
+#: int8 decisions agree on 98.7% of unseen rounds, under 99%).
+KNOWN: dict[tuple[str, str], str] = {
+    ("captcha_ocr_dynint8", "tflite"): (
+        "the dynamic-int8 recognizer exports as its float computation (TFLite rounds no "
+        "activations at run time), at found sizes 64x320: on the kit's 64x160 lines stretched to "
+        "fit, 97.5% of positions agree with ONNX Runtime's int8 run (the kit asks 100%)"
+    ),
+}
 
 
 def _has_something_to_find(mid: str) -> bool:

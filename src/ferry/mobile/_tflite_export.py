@@ -32,7 +32,13 @@ from ferry.mobile._tflite_lower import (
     optional_inputs,
     source_precision,
 )
-from ferry.parity import BudgetVerdict, ParityReport, compare_outputs, within_budget
+from ferry.parity import (
+    BudgetVerdict,
+    ParityReport,
+    compare_outputs,
+    task_judge_at,
+    within_budget,
+)
 
 __all__ = ["TFLiteExport", "TFLiteReport", "Verification", "export_tflite"]
 
@@ -378,6 +384,14 @@ def _generated(
     return feeds
 
 
+def _int8_budget(source: Any, want: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
+    """An int8 export's budget: :data:`INT8_BUDGET` and the task's judge at the same 1% loss (a
+    recognizer's per-position argmax, a classifier's top-1), so a CTC line whose cosine holds
+    but whose characters change is refused."""
+    task, _ = task_judge_at(source, want, INT8_BUDGET[0]["min"])
+    return [*INT8_BUDGET, *task]
+
+
 def _verify(
     source: Any,
     data: bytes,
@@ -409,7 +423,10 @@ def _verify(
         parity = compare_outputs(got_stacked, want_stacked, inputs=feeds_list[0])
         budget = None
         if precision != "fp32":
-            spec = INT8_BUDGET if precision == "int8" else None  # None: parity's default budget
+            one = {
+                n: v[0] for n, v in want_all.items()
+            }  # the judge is read from one sample's shapes
+            spec = _int8_budget(source, one) if precision == "int8" else None
             budget = within_budget(got_stacked, want_stacked, spec)
         results.append(Verification(runtime.placement(), parity, budget))
     return results

@@ -18,7 +18,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ferry.errors import BackendUnavailableError, FerryError, InvalidInputError
-from ferry.parity import infer_judge, judge
+from ferry.parity import judge, task_judge_at
 
 __all__ = [
     "METRICS",
@@ -75,8 +75,7 @@ def metric_spec(
         ``{"kind": "top1+cosine", "judges": [one spec per output], ...}``.
     """
     if metric is None and model is not None:
-        specs, reason = infer_judge(model, outputs)
-        specs = [_at_least(spec, least) for spec in specs]
+        specs, reason = task_judge_at(model, outputs, least)
         kinds = "+".join(dict.fromkeys(spec["kind"] for spec in specs))
         composite = specs[0] if len(specs) == 1 else {"kind": kinds, "judges": specs}
         return {**composite, "reason": reason, "inferred": True}
@@ -92,14 +91,6 @@ def judge_line(spec: Mapping[str, Any]) -> str:
     classes); --metric overrides``: what a report prints about its judge."""
     reason = spec.get("reason") or str(spec.get("kind"))
     return f"judge: {reason}" + ("; --metric overrides" if spec.get("inferred") else "")
-
-
-#: The setting that holds each kind's threshold.
-_THRESHOLD_KEY = {"cosine": "min", "custom": "min"}
-
-
-def _at_least(spec: Mapping[str, Any], least: float) -> dict[str, Any]:
-    return {**spec, _THRESHOLD_KEY.get(str(spec["kind"]), "min_agreement"): least}
 
 
 def _named_metric(metric: str | Callable[..., Any] | None, least: float) -> dict[str, Any]:

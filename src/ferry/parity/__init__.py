@@ -28,7 +28,7 @@ from ferry.parity._compare import (
     compare_outputs,
     default_tolerance,
 )
-from ferry.parity._infer import default_budget, infer_judge
+from ferry.parity._infer import default_budget, infer_judge, task_judge_at
 from ferry.parity._judges import JUDGE_KINDS, Judge, Judgement, judge
 
 __all__ = [
@@ -47,5 +47,6 @@ __all__ = [
     "infer_judge",
     "judge",
     "parse_budget",
+    "task_judge_at",
     "within_budget",
 ]

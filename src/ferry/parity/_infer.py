@@ -41,7 +41,7 @@ from ferry._state_names import STATE_OUTPUT_PREFIX
 from ferry.graph import constant, reduced_precision
 from ferry.parity._budget import DEFAULT_BUDGET
 
-__all__ = ["default_budget", "infer_judge"]
+__all__ = ["default_budget", "infer_judge", "task_judge_at"]
 
 #: Ops that move, copy or rescale values without changing what they mean.
 _TRANSPARENT = frozenset(
@@ -175,6 +175,26 @@ def _grouped(skipped: list[tuple[str, str]]) -> str:
         listed = ", ".join(f"'{n}'" for n in names) if len(names) < 4 else f"{len(names)} outputs"
         parts.append(f"{listed} ({why})")
     return ", ".join(parts)
+
+
+#: The setting that holds each kind's threshold (the others' is ``min_agreement``).
+_THRESHOLD_KEY = {"cosine": "min", "custom": "min"}
+
+
+def task_judge_at(
+    model: ir.Model,
+    outputs: Mapping[str, np.ndarray] | Sequence[np.ndarray] | None,
+    least: float,
+) -> tuple[list[dict[str, Any]], str]:
+    """:func:`infer_judge`'s specs with every threshold set to ``least`` (a lossy step's budget:
+    quantize's 1% loss is 0.99 of top-1, per-position or per-pixel agreement, or of cosine)."""
+    specs, reason = infer_judge(model, outputs)
+    return [at_least(spec, least) for spec in specs], reason
+
+
+def at_least(spec: Mapping[str, Any], least: float) -> dict[str, Any]:
+    """``spec`` with its kind's threshold set to ``least``."""
+    return {**spec, _THRESHOLD_KEY.get(str(spec["kind"]), "min_agreement"): least}
 
 
 def default_budget(
