@@ -236,7 +236,7 @@ def auto_plan(
         candidate.load_s = time.perf_counter() - start
         candidate.accuracy = within_budget(got, expected, budget)
         sessions.append((candidate, session))
-    time_in_blocks(sessions, inputs, budget_s)
+    sessions = _timed_or_dropped(sessions, inputs, budget_s)
     best = choose(candidates)
     baseline_ms = candidates[0].latency_ms
     choice = AutoChoice(
@@ -253,6 +253,40 @@ def auto_plan(
     if path is not None:
         _write_cache(path, choice)
     return choice
+
+
+class _Failing:
+    """A session whose failure on a call is remembered (which of the timed ones failed)."""
+
+    def __init__(self, candidate: Candidate, session: Session, failed: list[Candidate]) -> None:
+        self._candidate, self._session, self._failed = candidate, session, failed
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> Any:
+        try:
+            return self._session.run(feeds)
+        except FerryError as e:
+            self._candidate.error = str(e)
+            self._failed.append(self._candidate)
+            raise
+
+
+def _timed_or_dropped(
+    sessions: list[tuple[Candidate, Session]], inputs: Mapping[str, np.ndarray], budget_s: float
+) -> list[tuple[Candidate, Session]]:
+    """Time the sessions in blocks; a candidate that fails on a later call (an engine that ran
+    the first call but not a repeat: a model with random ops draws other sizes each call) is
+    marked with its error and left out, and the rest are timed again. The baseline's own
+    failure is the model's and propagates."""
+    while True:
+        failed: list[Candidate] = []
+        wrapped = [(c, _Failing(c, s, failed)) for c, s in sessions]
+        try:
+            time_in_blocks(wrapped, inputs, budget_s)
+            return sessions
+        except FerryError:
+            if not failed or failed[0] is sessions[0][0]:
+                raise
+            sessions = [(c, s) for c, s in sessions if c not in failed]
 
 
 #: The cache key's budget for a reduced-precision source judged at its task (the judge itself is
