@@ -140,7 +140,14 @@ def _rank_disagreements(model: ir.Model, ov_model: Any, owners: _OwnerMap) -> di
     A partition boundary on such a value hands the next engine a wrong tensor, so the node is
     left to another engine. Only ranks are compared (dims may be symbolic on either side).
     """
-    ranks = {v.name: len(v.shape) for v in _all_values(model) if v.name and v.shape is not None}
+    # Graph outputs are left out: their shapes are the exporter's declarations, often wrong
+    # (a CTC recognizer declares [1, seqlen] and returns [20, 1, 8210]); inner values' are ONNX's.
+    outputs = {v.name for v in model.graph.outputs}
+    ranks = {
+        v.name: len(v.shape)
+        for v in _all_values(model)
+        if v.name and v.shape is not None and v.name not in outputs
+    }
     found: dict[str, str] = {}
     for op in ov_model.get_ordered_ops():
         if op.get_type_name() in _STRUCTURAL:
