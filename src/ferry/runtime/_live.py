@@ -20,8 +20,13 @@ that bucket on them:
 A plan that passes the judge and pays becomes the bucket's plan: later calls of that bucket run on
 it (the switch is one attribute store; a call in flight finishes on the plan it started on). A
 call never gets an answer from a plan not yet checked. What was learned is saved beside the other
-verdicts (``live-<model key>-<bucket key>.json``), so the next load, in this process or another,
-starts those buckets on their learned plan at once.
+verdicts (``live-<model key>-<bucket key>.json``), and in the artifact's ``ferry.json`` when the
+model is one ferry made, so the next load, in this process or another, starts those buckets on
+their learned plan at once.
+
+Several sessions of one model (a server's instances) learn once: the others are made with
+``learn=False`` and :meth:`LiveSession.adopt` each switch the learner reports to its
+:meth:`LiveSession.on_switch` listeners.
 
 Cost per call on a known bucket: the bucket key (a tuple of the inputs' shapes), one dict lookup,
 one counter increment.
@@ -38,7 +43,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -51,7 +56,14 @@ from ferry.graph import graph_inputs
 from ferry.parity import Budget, default_budget, within_budget
 from ferry.plan import Plan
 from ferry.runtime._auto import auto_plan
-from ferry.runtime._live_store import Learned, live_key, read_learned, save_learned
+from ferry.runtime._live_store import (
+    Learned,
+    live_key,
+    read_artifact_learned,
+    read_learned,
+    save_artifact_learned,
+    save_learned,
+)
 from ferry.runtime._pays import cached_verdict, plan_pays
 from ferry.runtime._session import Session
 from ferry.runtime._specs import spec_of
@@ -157,6 +169,7 @@ class LiveSession(Session):
         accuracy: Budget | None = None,
         source_path: Path | None = None,
         cache_dir: str | os.PathLike[str] | Literal[False] | None = None,
+        learn: bool = True,
     ) -> None:
         super().__init__(
             model,
@@ -182,6 +195,8 @@ class LiveSession(Session):
         self._worker: threading.Thread | None = None
         self._closing = False  # set at interpreter exit: learning stops at its next step
         self._built: dict[str, Session] = {}
+        self._learns = learn  # False: a sibling instance, which only adopts what another learned
+        self._listeners: list[Callable[[dict[str, Any]], None]] = []
         #: The switches made, in order: bucket, plan, speedup, when.
         self.switches: list[dict[str, Any]] = []
         self._key = live_key(model, self._names, candidate, precision, accuracy, threads)
@@ -214,7 +229,9 @@ class LiveSession(Session):
                 return route
             bucket = {n: [int(d) for d in shape] for n, shape in zip(self._bucket_names, key)}
             route = _Route(self._plain(), bucket)
-            if self._learning < MAX_BUCKETS and not self._closing:
+            if not self._learns:
+                route.state = "on onnxruntime (waiting for the learning instance)"
+            elif self._learning < MAX_BUCKETS and not self._closing:
                 self._learning += 1
                 route.state = "learning"
                 sample = {n: np.array(inputs[n], copy=True) for n in self._bucket_names}
@@ -257,6 +274,34 @@ class LiveSession(Session):
         with self._settled:
             return self._settled.wait_for(lambda: self._pending == 0, timeout)
 
+    def on_switch(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        """Call ``listener(switch)`` after every switch (the dict :attr:`switches` gains: bucket,
+        plan label, speedup, both latencies, when, how, and ``"plan_dict"``, the plan itself),
+        from the thread that switched; a listener that raises is logged and kept."""
+        self._listeners.append(listener)
+
+    def adopt(self, switch: Mapping[str, Any]) -> None:
+        """Move a bucket to the plan another session of the same model learned (a switch its
+        :meth:`on_switch` listener received): this session builds its own engines for it.
+
+        Raises:
+            FerryError: the plan cannot be built here.
+        """
+        plan = Plan.from_dict(switch["plan_dict"])
+        bucket = {str(n): [int(d) for d in s] for n, s in switch["bucket"].items()}
+        key: Bucket = tuple(tuple(bucket[n]) for n in self._bucket_names)
+        session = self._session_of(plan)
+        with self._lock:
+            route = self._routes.get(key)
+            if route is None:
+                if len(self._routes) >= _MAX_ROUTES:
+                    return
+                route = self._routes[key] = _Route(self._plain(), bucket)
+        route.label = str(switch.get("plan") or "+".join(plan.backends))
+        route.plan_ms, route.alone_ms = switch.get("plan_ms"), switch.get("alone_ms")
+        route.speedup = switch.get("speedup")
+        self._switch(route, session, "adopted", plan)
+
     # --- learning ----------------------------------------------------------------------------
 
     def _work(self) -> None:
@@ -294,7 +339,7 @@ class LiveSession(Session):
         session = self._session_of(plan)
         route.label, route.plan_ms, route.alone_ms = label, plan_ms, alone_ms
         route.speedup = alone_ms / plan_ms if plan_ms else None
-        self._switch(route, session, "measured")
+        self._switch(route, session, "measured", plan)
         self._save(plan, route)
 
     def _check_open(self) -> None:
@@ -374,21 +419,25 @@ class LiveSession(Session):
         alone_ms = float((base or {}).get("latency_ms") or 0.0)
         return choice.plan, choice.label, plan_ms, alone_ms
 
-    def _switch(self, route: _Route, session: Session, how: str) -> None:
+    def _switch(self, route: _Route, session: Session, how: str, plan: Plan) -> None:
         route.session = session  # one store: calls in flight keep the session they hold
         route.switched_at = time.time()
         route.state = f"switched ({how})"
-        self.switches.append(
-            {
-                "bucket": route.bucket,
-                "plan": route.label,
-                "speedup": route.speedup,
-                "plan_ms": route.plan_ms,
-                "alone_ms": route.alone_ms,
-                "at": route.switched_at,
-                "how": how,
-            }
-        )
+        switch = {
+            "bucket": route.bucket,
+            "plan": route.label,
+            "speedup": route.speedup,
+            "plan_ms": route.plan_ms,
+            "alone_ms": route.alone_ms,
+            "at": route.switched_at,
+            "how": how,
+        }
+        self.switches.append(switch)
+        for listener in list(self._listeners):
+            try:
+                listener({**switch, "plan_dict": plan.to_dict()})
+            except Exception:  # a listener (metrics, a sibling) must never undo a switch
+                logger.exception("live placement: a switch listener failed")
         logger.info(
             "live placement at %s: switched to %s (%s ms vs ONNX Runtime alone %s ms, %sx)",
             route.bucket,
@@ -418,13 +467,19 @@ class LiveSession(Session):
         label = route.label if plan is not None else FALLBACK
         learned = Learned(route.bucket, plan, label, route.plan_ms, route.alone_ms, route.state)
         save_learned(self._key, learned)
+        save_artifact_learned(self._source_path, self._key, learned)
 
     def _load_learned(self) -> None:
-        """Start the buckets learned before (this model, offer and machine) on their plan."""
-        for learned in read_learned(self._key, MAX_BUCKETS):
+        """Start the buckets learned before (this model, offer and machine) on their plan: the
+        cache's records, then the artifact's for buckets the cache does not know."""
+        cached = read_learned(self._key, MAX_BUCKETS)
+        kept = read_artifact_learned(self._source_path, self._key, MAX_BUCKETS)
+        for learned in [*cached, *kept]:
             try:
                 key: Bucket = tuple(tuple(learned.bucket[n]) for n in self._bucket_names)
             except KeyError:
+                continue
+            if key in self._routes or self._learning >= MAX_BUCKETS:
                 continue
             route = _Route(self._plain(), learned.bucket, state=learned.state)
             route.plan_ms, route.alone_ms = learned.plan_ms, learned.alone_ms
@@ -440,7 +495,7 @@ class LiveSession(Session):
                 route.state = f"on onnxruntime (the learned plan failed to build: {e})"
                 continue
             route.label = learned.label or "+".join(learned.plan.backends)
-            self._switch(route, session, "learned before")
+            self._switch(route, session, "learned before", learned.plan)
 
 
 class _Closing(Exception):

@@ -1,13 +1,20 @@
 """What live placement learned, kept: one JSON file per model, offer, machine and bucket of input
 sizes (``live-<model key>-<bucket key>.json`` beside auto's choices and the pays verdicts), so a
-new load starts the buckets it knows on their plan at once (:mod:`ferry.runtime._live`)."""
+new load starts the buckets it knows on their plan at once (:mod:`ferry.runtime._live`).
+
+A model loaded from an artifact ferry made (its ``ferry.json`` exists) keeps the same records in
+it too, under ``"placement": {"live": [...]}``, each with its key: the artifact carries its
+learned plans to another cache on the same kind of machine (a key names the machine, so a copy
+on another CPU or engine version starts on ONNX Runtime and learns again)."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import onnx_ir as ir
@@ -18,7 +25,19 @@ from ferry.plan import Plan
 from ferry.runtime._auto import _budget_key
 from ferry.runtime._measure import machine_fingerprint, save_verdict, verdicts_dir
 
-__all__ = ["Learned", "live_key", "read_learned", "save_learned"]
+__all__ = [
+    "Learned",
+    "live_key",
+    "read_artifact_learned",
+    "read_learned",
+    "save_artifact_learned",
+    "save_learned",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The field of an artifact's ``ferry.json`` that keeps what live placement learned.
+ARTIFACT_FIELD = "placement"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,11 +73,58 @@ def live_key(
 
 def save_learned(key: str, learned: Learned) -> None:
     """Keep ``learned`` under ``key`` (a folder that cannot be written only warns)."""
-    sizes = json.dumps(sorted(learned.bucket.items())).encode()
-    path = verdicts_dir() / f"live-{key}-{hashlib.sha256(sizes).hexdigest()[:16]}.json"
-    data = dataclasses.asdict(learned)
-    data["plan"] = None if learned.plan is None else learned.plan.to_dict()
-    save_verdict(path, data, "live placement's choice")
+    path = verdicts_dir() / f"live-{key}-{_bucket_key(learned.bucket)}.json"
+    save_verdict(path, _record(learned), "live placement's choice")
+
+
+def save_artifact_learned(model_file: Path | None, key: str, learned: Learned) -> None:
+    """Keep ``learned`` in the artifact ``model_file`` belongs to as well (``ferry.json``'s
+    ``"placement"``), replacing the record of the same key and bucket. Only an artifact ferry made
+    is written (its ``ferry.json`` exists), whole or not at all; a failure only logs."""
+    report = _artifact_report(model_file)
+    if report is None:
+        return
+    from ferry.graph import atomic_path
+
+    try:
+        data = json.loads(report.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            return
+        field = data.get(ARTIFACT_FIELD)
+        field = dict(field) if isinstance(field, dict) else {}
+        bucket = _bucket_key(learned.bucket)
+        records = [
+            r
+            for r in field.get("live") or []
+            if isinstance(r, dict)
+            and not (r.get("key") == key and _bucket_key(r.get("bucket") or {}) == bucket)
+        ]
+        records.append({"key": key, "model": model_file.name, **_record(learned)})  # type: ignore[union-attr]
+        field["live"] = records
+        data[ARTIFACT_FIELD] = field
+        with atomic_path(report) as tmp:
+            tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        logger.warning("cannot keep live placement's choice in %s: %s", report, e)
+
+
+def read_artifact_learned(model_file: Path | None, key: str, limit: int) -> list[Learned]:
+    """Up to ``limit`` buckets the artifact ``model_file`` belongs to keeps under ``key``."""
+    report = _artifact_report(model_file)
+    if report is None:
+        return []
+    try:
+        data = json.loads(report.read_text(encoding="utf-8"))
+        records = data[ARTIFACT_FIELD]["live"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    found = []
+    for record in records if isinstance(records, list) else []:
+        if isinstance(record, dict) and record.get("key") == key:
+            learned = _learned_of(record)
+            if learned is not None:
+                found.append(learned)
+    return found[:limit]
 
 
 def read_learned(key: str, limit: int) -> list[Learned]:
@@ -71,21 +137,48 @@ def read_learned(key: str, limit: int) -> list[Learned]:
     for path in paths[:limit]:
         try:
             data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-            bucket = {str(n): [int(d) for d in s] for n, s in data["bucket"].items()}
-            plan = None if data["plan"] is None else Plan.from_dict(data["plan"])
-            found.append(
-                Learned(
-                    bucket,
-                    plan,
-                    str(data.get("label", "")),
-                    _number(data.get("plan_ms")),
-                    _number(data.get("alone_ms")),
-                    str(data.get("state", "")),
-                )
-            )
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, FerryError):
+        except (OSError, ValueError):
             continue
+        learned = _learned_of(data)
+        if learned is not None:
+            found.append(learned)
     return found
+
+
+def _learned_of(data: Any) -> Learned | None:
+    """A record read back; None when it is malformed (skipped, never an error)."""
+    try:
+        bucket = {str(n): [int(d) for d in s] for n, s in data["bucket"].items()}
+        plan = None if data["plan"] is None else Plan.from_dict(data["plan"])
+        return Learned(
+            bucket,
+            plan,
+            str(data.get("label", "")),
+            _number(data.get("plan_ms")),
+            _number(data.get("alone_ms")),
+            str(data.get("state", "")),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError, FerryError):
+        return None
+
+
+def _record(learned: Learned) -> dict[str, Any]:
+    data = dataclasses.asdict(learned)
+    data["plan"] = None if learned.plan is None else learned.plan.to_dict()
+    return data
+
+
+def _bucket_key(bucket: dict[str, Any]) -> str:
+    sizes = json.dumps(sorted(bucket.items())).encode()
+    return hashlib.sha256(sizes).hexdigest()[:16]
+
+
+def _artifact_report(model_file: Path | None) -> Path | None:
+    """The ``ferry.json`` of the artifact ``model_file`` belongs to, None when there is none."""
+    if model_file is None:
+        return None
+    report = Path(model_file).parent / "ferry.json"
+    return report if report.is_file() else None
 
 
 def _number(value: Any) -> float | None:
