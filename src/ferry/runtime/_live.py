@@ -64,7 +64,7 @@ from ferry.runtime._live_store import (
     save_artifact_learned,
     save_learned,
 )
-from ferry.runtime._pays import cached_verdict, plan_pays
+from ferry.runtime._pays import cached_verdict, plan_pays, single_engine_plans, winning_plan
 from ferry.runtime._session import Session
 from ferry.runtime._specs import spec_of
 
@@ -361,7 +361,9 @@ class LiveSession(Session):
     def _learn_plan(
         self, plan: Plan, route: _Route, sample: dict[str, np.ndarray]
     ) -> tuple[Plan, str, float, float] | None:
-        """The placed plan when it passes the judge and pays at ``sample``'s sizes, else None."""
+        """The placed plan when it passes the judge and pays at ``sample``'s sizes; else the
+        fastest of its engines alone when that is not ONNX Runtime (and passes the judge); else
+        None (ONNX Runtime keeps the bucket)."""
         where = f"{len(plan.partitions)} partition(s) on {', '.join(plan.backends)}"
         placed = self._session_of(plan)
         expected = self._run_base(dict(sample))
@@ -380,21 +382,46 @@ class LiveSession(Session):
         verdict = cached_verdict(self.model, plan, sample, self.threads)
         if verdict is None:
             self._check_open()
+            singles = {
+                name: self._session_of(single)
+                for name, single in single_engine_plans(self.model, plan).items()
+            }
             verdict = plan_pays(
-                self.model, placed, sample, threads=self.threads, alone=self._plain()
+                self.model,
+                placed,
+                sample,
+                threads=self.threads,
+                alone=self._plain(),
+                singles=singles,
             )
         route.plan_ms, route.alone_ms = verdict.plan_ms, verdict.alone_ms
         route.speedup = verdict.alone_ms / verdict.plan_ms if verdict.plan_ms else None
-        if not verdict.pays:
-            route.state = "on onnxruntime (the plan is not faster)"
-            logger.warning(
-                "live placement at %s: running ONNX Runtime alone, not the plan asked for (%s): %s",
-                route.bucket,
-                where,
-                verdict.describe(),
-            )
-            return None
-        return plan, "+".join(plan.backends), verdict.plan_ms, verdict.alone_ms
+        if verdict.pays:
+            return plan, "+".join(plan.backends), verdict.plan_ms, verdict.alone_ms
+        engine, engine_ms, _ = verdict.fastest_alone
+        if engine != FALLBACK:
+            # The plan asked for is slower than one of its engines running the whole model.
+            single = winning_plan(self.model, plan, verdict)
+            got = self._session_of(single).run(dict(sample))
+            if within_budget(got, expected, budget).passed:
+                logger.warning(
+                    "live placement at %s: running %s alone, not the plan asked for (%s): %s",
+                    route.bucket,
+                    engine,
+                    where,
+                    verdict.describe(),
+                )
+                route.plan_ms = engine_ms
+                route.speedup = verdict.alone_ms / engine_ms if engine_ms else None
+                return single, engine, engine_ms, verdict.alone_ms
+        route.state = "on onnxruntime (the plan is not faster)"
+        logger.warning(
+            "live placement at %s: running ONNX Runtime alone, not the plan asked for (%s): %s",
+            route.bucket,
+            where,
+            verdict.describe(),
+        )
+        return None
 
     def _learn_auto(self, sample: dict[str, np.ndarray]) -> tuple[Plan, str, float, float] | None:
         """Auto's choice at ``sample`` (judged and timed there), None when it is ONNX Runtime."""

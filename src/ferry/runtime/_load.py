@@ -37,7 +37,7 @@ from ferry.plan import Plan
 from ferry.runtime._auto import AutoChoice, auto_plan
 from ferry.runtime._live import LiveSession, check_placement, wants_live
 from ferry.runtime._measure import alone_session, artifact_shapes, timing_feeds
-from ferry.runtime._pays import cached_verdict, plan_pays
+from ferry.runtime._pays import cached_verdict, plan_pays, single_engine_plans, winning_plan
 from ferry.runtime._session import Session, check_threads
 from ferry.runtime._specs import spec_of
 
@@ -245,8 +245,9 @@ def _faster_plan(
     example_inputs: Mapping[str, np.ndarray] | None,
     shapes: Mapping[str, Sequence[int]] | None,
 ) -> tuple[Plan, Session | None]:
-    """``plan`` (other engines than ONNX Runtime in it), or ONNX Runtime alone when that runs
-    faster (see ``_pays``); with the session of the plan kept when it was built to be timed."""
+    """``plan`` (other engines than ONNX Runtime in it), or the fastest engine alone when that
+    beats it (ONNX Runtime, or an engine of a split plan that takes the whole model; see
+    ``_pays``); with the session of the plan kept when it was built to be timed."""
     where = f"{len(plan.partitions)} partition(s) on {', '.join(plan.backends)}"
     specs = [spec_of(v) for v in graph_inputs(work)]
     try:
@@ -262,21 +263,33 @@ def _faster_plan(
         )
         return plan, None
     verdict = cached_verdict(work, plan, feeds, threads)
-    split = alone = None
+    built: dict[str, Session] = {}
     if verdict is None:
-        split = Session(work, plan, threads=threads, source_path=source_path, cache_dir=cache_dir)
-        alone = alone_session(work, threads=threads, source_path=source_path, cache_dir=cache_dir)
-        verdict = plan_pays(work, split, feeds, threads=threads, alone=alone)
+
+        def session(of: Plan) -> Session:
+            return Session(work, of, threads=threads, source_path=source_path, cache_dir=cache_dir)
+
+        built["plan"] = session(plan)
+        built[FALLBACK] = alone_session(
+            work, threads=threads, source_path=source_path, cache_dir=cache_dir
+        )
+        singles = {name: session(p) for name, p in single_engine_plans(work, plan).items()}
+        built.update(singles)
+        verdict = plan_pays(
+            work, built["plan"], feeds, threads=threads, alone=built[FALLBACK], singles=singles
+        )
     if verdict.pays:
         logger.info("the plan (%s) pays: %s", where, verdict.describe())
-        return plan, split
+        return plan, built.get("plan")
+    engine = verdict.fastest_alone[0]
     logger.warning(
-        "running ONNX Runtime alone: %s, on %s. Pass check_pays=False (ferry.load) to run "
-        "the plan anyway, or name the engine without ONNX Runtime.",
+        "running %s alone: %s, on %s. Pass check_pays=False (ferry.load) to run the plan "
+        "anyway, or name the engine without ONNX Runtime.",
+        "ONNX Runtime" if engine == FALLBACK else engine,
         verdict.describe(),
         where,
     )
-    return Plan.whole_graph(work, FALLBACK), alone
+    return winning_plan(work, plan, verdict), built.get(engine)
 
 
 @dataclasses.dataclass(frozen=True)
