@@ -8,6 +8,7 @@ outside any; the pays check's timer is replaced so that which plan is faster is 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import time
 from typing import Any
@@ -250,3 +251,57 @@ def test_exiting_while_openvino_learns_is_clean(tmp_path: Any) -> None:
             [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
         )
         assert done.returncode == 0, (delay, done.stderr[-2000:])
+
+
+def test_what_was_learned_travels_with_the_artifact(
+    engines: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """An artifact ferry made keeps the learned plan in its ferry.json: a load with an empty cache
+    (another process, another cache folder) starts the bucket on it."""
+    monkeypatch.setattr(_pays, "time_in_blocks", timed(1.0, 4.0))
+    artifact = tmp_path / "artifact"
+    artifact.mkdir()
+    proto = seq_model()
+    (artifact / "model.onnx").write_bytes(proto.SerializeToString())
+    (artifact / "ferry.json").write_text('{"source": "test"}', encoding="utf-8")
+    session = ferry.load(artifact / "model.onnx", backends="close,onnxruntime", cache_dir=False)
+    session.run(feeds(8))
+    assert session.placement_settled(30)
+    kept = json.loads((artifact / "ferry.json").read_text(encoding="utf-8"))
+    assert kept["source"] == "test"  # the rest of the report is untouched
+    (record,) = kept["placement"]["live"]
+    assert record["bucket"] == {"x": [1, 8, fake_engines.WIDTH]} and record["label"] == "close"
+    monkeypatch.setenv("FERRY_CACHE_DIR", str(tmp_path / "another-cache"))
+    again = ferry.load(artifact / "model.onnx", backends="close,onnxruntime", cache_dir=False)
+    (bucket,) = again.placement_report()["buckets"]
+    assert bucket["plan"] == "close" and bucket["state"] == "switched (learned before)"
+    # A plain .onnx beside no ferry.json gets none written.
+    plain = tmp_path / "plain.onnx"
+    plain.write_bytes(proto.SerializeToString())
+    ferry.load(plain, backends="close,onnxruntime", cache_dir=False).run(feeds(4))
+    assert not (tmp_path / "ferry.json").exists()
+
+
+def test_a_follower_adopts_what_its_leader_learns_without_learning(
+    engines: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server's second instance: it never learns, and takes each switch of the first."""
+    monkeypatch.setattr(_pays, "time_in_blocks", timed(1.0, 4.0))
+    proto = seq_model()
+    leader = ferry.load(proto, backends="close,onnxruntime", cache_dir=False)
+    follower = ferry.load(proto, backends="close,onnxruntime", cache_dir=False)
+    assert isinstance(leader, LiveSession) and isinstance(follower, LiveSession)
+    follower.follow(leader)
+    heard: list[dict[str, Any]] = []
+    leader.on_switch(heard.append)
+    follower.run(feeds(16))  # a follower's own new bucket is not learned
+    assert follower.placement_settled(1)
+    leader.run(feeds(8))
+    assert leader.placement_settled(30)
+    (switch,) = heard
+    assert switch["plan"] == "close" and switch["plan_dict"]["partitions"]
+    by_size = {b["bucket"]["x"][1]: b for b in follower.placement_report()["buckets"]}
+    assert by_size[8]["plan"] == "close" and by_size[8]["state"] == "switched (adopted)"
+    assert by_size[16]["state"] == "on onnxruntime (waiting for the learning instance)"
+    expected = truth(proto, feeds(8))
+    np.testing.assert_allclose(follower.run(feeds(8))["y"], fake_engines.close(expected), rtol=1e-6)

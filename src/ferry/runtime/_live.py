@@ -197,6 +197,7 @@ class LiveSession(Session):
         self._built: dict[str, Session] = {}
         self._learns = learn  # False: a sibling instance, which only adopts what another learned
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
+        self._records: list[dict[str, Any]] = []  # the switches with their plans, for followers
         #: The switches made, in order: bucket, plan, speedup, when.
         self.switches: list[dict[str, Any]] = []
         self._key = live_key(model, self._names, candidate, precision, accuracy, threads)
@@ -279,6 +280,21 @@ class LiveSession(Session):
         plan label, speedup, both latencies, when, how, and ``"plan_dict"``, the plan itself),
         from the thread that switched; a listener that raises is logged and kept."""
         self._listeners.append(listener)
+
+    def follow(self, leader: LiveSession) -> None:
+        """Stop learning and take every switch ``leader`` (another session of the same model and
+        offer: a server's first instance) made or will make; this session builds its own
+        engines for each plan."""
+        with self._lock:
+            self._learns = False
+        leader.on_switch(self.adopt)
+        for switch in leader.switch_records():
+            self.adopt(switch)
+
+    def switch_records(self) -> list[dict[str, Any]]:
+        """The switches made so far, each as :meth:`on_switch` listeners receive it."""
+        with self._lock:
+            return [dict(s) for s in self._records]
 
     def adopt(self, switch: Mapping[str, Any]) -> None:
         """Move a bucket to the plan another session of the same model learned (a switch its
@@ -460,6 +476,7 @@ class LiveSession(Session):
             "how": how,
         }
         self.switches.append(switch)
+        self._records.append({**switch, "plan_dict": plan.to_dict()})
         for listener in list(self._listeners):
             try:
                 listener({**switch, "plan_dict": plan.to_dict()})
