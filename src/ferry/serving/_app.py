@@ -363,9 +363,14 @@ async def _stats(request: Request) -> Response:
         versions = [repository.get(name, version)]
     else:
         versions = repository.serving(name) or [repository.get(name)]
-    return _json(
-        {"model_stats": [v.recorder.stats.to_json(v.name, v.version_str) for v in versions]}
-    )
+    stats = []
+    for v in versions:
+        entry = v.recorder.stats.to_json(v.name, v.version_str)
+        placement = v.placement_report()  # a version that learns its placement says what
+        if placement is not None:
+            entry["placement"] = placement
+        stats.append(entry)
+    return _json({"model_stats": stats})
 
 
 async def _metrics(request: Request) -> Response:

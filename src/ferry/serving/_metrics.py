@@ -7,14 +7,29 @@ Triton's ``model_stats`` are kept per loaded version by :class:`VersionStats`; b
 Prometheus updates cost several microseconds, as much as the rest of its bookkeeping on the batched
 path, so the recorder queues them and applies them in bulk: every :data:`FLUSH_EVERY` requests and
 before every rendering of ``/metrics``, so a scrape always sees every request answered before it.
+
+A version whose first instance learns its placement (:class:`ferry.runtime.LiveSession`) is read
+at each scrape too: its switches count in ``ferry_placement_switches_total{plan}``, and each
+bucket of input sizes (``x=1x8x512``) shows the speedup over ONNX Runtime alone of the plan it
+runs on (``ferry_placement_speedup``, 1 while on ONNX Runtime) and of the plan measured there
+(``ferry_placement_measured_speedup``: below 1, the bucket stayed on ONNX Runtime).
 """
 
 from __future__ import annotations
 
 import time
+import weakref
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["FLUSH_EVERY", "LATENCY_BUCKETS", "Metrics", "VersionRecorder", "VersionStats"]
+__all__ = [
+    "FLUSH_EVERY",
+    "LATENCY_BUCKETS",
+    "Metrics",
+    "VersionRecorder",
+    "VersionStats",
+    "bucket_label",
+]
 
 #: Requests a recorder queues before it applies their Prometheus updates.
 FLUSH_EVERY = 64
@@ -45,7 +60,7 @@ class Metrics:
     """The Prometheus metrics of one server, in their own registry."""
 
     def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry(auto_describe=True)
         labels = ["model", "version"]
@@ -101,6 +116,26 @@ class Metrics:
             buckets=_BATCH_BUCKETS,
             registry=self.registry,
         )
+        self.placement_switches = Counter(
+            "ferry_placement_switches",
+            "Live placement's switches of a bucket of input sizes to a plan, by the plan's label.",
+            [*labels, "plan"],
+            registry=self.registry,
+        )
+        self.placement_speedup = Gauge(
+            "ferry_placement_speedup",
+            "Speedup over ONNX Runtime alone of the plan a bucket of input sizes runs on "
+            "(1: ONNX Runtime alone).",
+            [*labels, "bucket"],
+            registry=self.registry,
+        )
+        self.placement_measured = Gauge(
+            "ferry_placement_measured_speedup",
+            "Speedup over ONNX Runtime alone live placement measured for the plan it tried at a "
+            "bucket of input sizes (below 1: the bucket stayed on ONNX Runtime).",
+            [*labels, "bucket"],
+            registry=self.registry,
+        )
         #: The recorders whose queued updates :meth:`flush` applies.
         self._recorders: list[VersionRecorder] = []
 
@@ -110,11 +145,19 @@ class Metrics:
             recorder.flush()
 
     def render(self) -> tuple[bytes, str]:
-        """The text exposition format and its content type (on the event loop: it flushes)."""
+        """The text exposition format and its content type (on the event loop: it flushes, and
+        reads live placement's reports)."""
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         self.flush()
+        for recorder in self._recorders:
+            recorder.read_placement()
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def bucket_label(bucket: Mapping[str, Sequence[int]]) -> str:
+    """A bucket of input sizes as a label: ``input1=1x1x64x200,mask=1x200``."""
+    return ",".join(f"{name}={'x'.join(map(str, dims))}" for name, dims in bucket.items())
 
 
 class _Duration:
@@ -200,6 +243,36 @@ class VersionRecorder:
             metrics._recorders.append(self)
         #: (total_ns, queue_ns) of the successful requests whose Prometheus updates are queued.
         self._queued: list[tuple[int, int]] = []
+        # The session whose placement report the metrics show (weak: a retired version's
+        # engines are released, never kept alive by its metrics), and its switches counted.
+        self._placement: weakref.ref[Any] | None = None
+        self._switches_counted = 0
+
+    def watch_placement(self, session: Any) -> None:
+        """Show ``session``'s live placement (its ``placement_report()``) in the metrics, read
+        at each scrape."""
+        self._placement = weakref.ref(session)
+        self._switches_counted = 0
+
+    def read_placement(self) -> None:
+        """Bring the placement metrics up to the watched session's report (event loop)."""
+        session = self._placement() if self._placement is not None else None
+        metrics = self._metrics
+        if session is None or metrics is None:
+            return
+        report = session.placement_report()
+        switches = report["switches"]
+        for switch in switches[self._switches_counted :]:
+            metrics.placement_switches.labels(*self._labels, str(switch["plan"])).inc()
+        self._switches_counted = len(switches)
+        for bucket in report["buckets"]:
+            label = bucket_label(bucket["bucket"])
+            measured = bucket.get("speedup")
+            switched = str(bucket.get("state", "")).startswith("switched")
+            on = measured if switched and measured else 1.0
+            metrics.placement_speedup.labels(*self._labels, label).set(on)
+            if measured is not None:
+                metrics.placement_measured.labels(*self._labels, label).set(measured)
 
     def success(
         self, *, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int

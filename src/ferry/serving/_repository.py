@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -177,20 +178,42 @@ def find_model_file(version_dir: Path, filename: str | None = None) -> Path:
     )
 
 
+#: Fields of an artifact's ``ferry.json`` ferry writes while serving it (live placement's
+#: plans, the sizes found to run it): no change to the model, no reload.
+_SERVED_FIELDS = ("placement", "found_inputs")
+
+
 def _fingerprint(path: Path) -> tuple[Any, ...]:
-    """What changes when a version's files change: names, sizes and modification times."""
+    """What changes when a version's files change: names, sizes and modification times; for a
+    ``ferry.json``, its content less :data:`_SERVED_FIELDS` (atomic writes' temp files skipped)."""
     if path.is_file():
         base, files = path.parent, [path]
     else:
         base, files = path, sorted(p for p in path.rglob("*") if p.is_file())
-    out = []
+    out: list[tuple[Any, ...]] = []
     for p in files:
+        if p.name.startswith(".ferry.json.") and p.name.endswith(".tmp"):
+            continue
         try:
             st = p.stat()
         except OSError:
             continue
-        out.append((str(p.relative_to(base)), st.st_size, st.st_mtime_ns))
+        name = str(p.relative_to(base))
+        digest = _report_digest(p) if p.name == "ferry.json" else None
+        out.append((name, digest) if digest else (name, st.st_size, st.st_mtime_ns))
     return tuple(out)
+
+
+def _report_digest(report: Path) -> str | None:
+    """A hash of ``report``'s JSON less :data:`_SERVED_FIELDS`; None: not a JSON object."""
+    try:
+        data = json.loads(report.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    kept = {k: v for k, v in data.items() if k not in _SERVED_FIELDS}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -202,21 +203,25 @@ def load_version(
     if threads is None:
         threads = engine_threads(config.instance_count or 1, cores)
     first = load(source, backends=names, threads=threads, precision=precision)
-    config = _unbatched_if_rows_interact(config, name, first, warmup)
+    probe = _probe_session(first)
+    config = _unbatched_if_rows_interact(config, name, probe, warmup)
     resolved = resolve_config(config, name, first.inputs, first.outputs)
     # Left to ferry, a compute-bound model gets two instances and every core (module doc).
     decide = (
         not fixed and config.instance_count is None and warmup and (cores or available_cores()) > 1
     )
-    if decide and _call_seconds(first, resolved) >= HEAVY_CALL_S:
+    if decide and _call_seconds(probe, resolved) >= HEAVY_CALL_S:
         resolved = dataclasses.replace(resolved, instance_count=2)
         threads = max(1, (cores or available_cores()) // 2)
         first = load(source, backends=names, threads=threads, precision=precision)
+        probe = _probe_session(first)
     input_types = {s.name: _kserve_type(s, name, "input") for s in first.inputs}
     output_types = {s.name: _kserve_type(s, name, "output") for s in first.outputs}
     sessions = [first]
     for _ in range(resolved.instance_count - 1):
-        sessions.append(load(source, backends=names, threads=threads, precision=precision))
+        sibling = load(source, backends=names, threads=threads, precision=precision)
+        _follow(first, sibling)
+        sessions.append(sibling)
     loaded = LoadedModel(
         sessions=sessions,
         resolved=resolved,
@@ -229,10 +234,37 @@ def load_version(
         precisions=_engine_precisions(first),
     )
     if warmup:
-        error = warm_up(loaded)
+        error = warm_up(loaded, probe)
         if error:
             raise ModelLoadError(f"model {name!r}: warm-up failed: {error}")
     return loaded
+
+
+def _probe_session(session: Any) -> Any:
+    """What the load's probes (found inputs, the rows probe, the call's time) run on: the session
+    itself, or for a :class:`ferry.runtime.LiveSession` a plain ONNX Runtime session of the same
+    prepared model, the engine it serves on until it learns. Probe sizes are made up, not
+    traffic: run through the live session, each would take one of the few buckets it learns."""
+    from ferry.runtime import LiveSession, Session
+
+    if not isinstance(session, LiveSession):
+        return session
+    return Session(session.model, session.plan, threads=session.threads)
+
+
+def _follow(learner: Any, sibling: Any) -> None:
+    """Make ``sibling`` (another instance of the same version) take the plans ``learner``
+    learns instead of learning on its own: two learners would time their candidates at once on
+    the same cores, and each would overwrite the other's record of a bucket."""
+    from ferry.runtime import LiveSession
+
+    if not (isinstance(learner, LiveSession) and isinstance(sibling, LiveSession)):
+        return
+    # LiveSession(learn=False) is what a sibling is; ferry.load has no way to ask for it, and
+    # its learned plans (cache, artifact) must be read exactly as the learner's are: load, then
+    # turn learning off before its first call.
+    sibling._learns = False
+    learner.on_switch(sibling.adopt)
 
 
 def _unbatched_if_rows_interact(
@@ -292,8 +324,12 @@ def _engine_precisions(session: Any) -> dict[str, str]:
     return out
 
 
-def warm_up(loaded: LoadedModel) -> str | None:
+def warm_up(loaded: LoadedModel, probe: Any = None) -> str | None:
     """Run every instance on generated inputs; return why it failed, or None.
+
+    ``probe``: the session found inputs are probed on (:func:`_probe_session`; default the
+    first instance). An instance that learns its placement runs them on the engine it serves
+    with until it learns (warm-up inputs are not traffic: they take no bucket).
 
     The inputs are found first (:func:`ferry.runtime.found_inputs`: sizes that run, ids within
     their tables), stacked to the largest batch too. Should none be found, the warm-up passes
@@ -302,8 +338,13 @@ def warm_up(loaded: LoadedModel) -> str | None:
     :data:`ferry.runtime.GUESSED_SIZE`. A model no set runs fails with the first set's error.
     Inputs that cannot be generated (unknown rank, a type ferry cannot make) skip the warm-up.
     """
-    from ferry.runtime import GUESSED_SIZE, found_inputs, random_feeds
+    from ferry.runtime import GUESSED_SIZE, LiveSession, Session, found_inputs, random_feeds
 
+    # Session.run on a LiveSession is its ONNX Runtime engine's run, without learning.
+    runs = [
+        functools.partial(Session.run, s) if isinstance(s, LiveSession) else s.run
+        for s in loaded.sessions
+    ]
     specs = loaded.inputs
     max_batch = loaded.resolved.max_batch_size
     sizes = [1, max_batch] if max_batch > 1 else [1]
@@ -325,15 +366,15 @@ def warm_up(loaded: LoadedModel) -> str | None:
         return made
 
     try:
-        found = found_inputs(loaded.sessions[0]).feeds
+        found = found_inputs(probe or loaded.sessions[0]).feeds
         batched = {s.name for s in specs if s.shape and not isinstance(s.shape[0], int)}
         stacked = [
             {k: np.concatenate([v] * size) if k in batched else v for k, v in found.items()}
             for size in sizes
         ]
         for made in stacked:
-            for session in loaded.sessions:
-                session.run(made)
+            for run in runs:
+                run(made)
         return None
     except Exception as e:  # the engine's own errors too; the generated sets are tried next
         logger.debug("warm-up on found inputs failed (%s); trying generated ones", e)
@@ -346,8 +387,8 @@ def warm_up(loaded: LoadedModel) -> str | None:
             return None
         try:
             for made in sets:
-                for session in loaded.sessions:
-                    session.run(made)
+                for run in runs:
+                    run(made)
         except Exception as e:  # the engine's own errors too
             first = first or (str(e) if isinstance(e, FerryError) else f"{type(e).__name__}: {e}")
             continue
@@ -456,6 +497,8 @@ class ModelVersion:
         self._idle = asyncio.Event()
         self._idle.set()
         self.closed = False
+        if self._live_sessions():
+            recorder.watch_placement(loaded.sessions[0])
 
     @property
     def platform(self) -> str:
@@ -603,6 +646,28 @@ class ModelVersion:
         return ", ".join(f"{n!r} ({t})" for n, t in self.input_types.items())
 
     # -- what the metadata endpoints show -----------------------------------------------------
+
+    def _live_sessions(self) -> list[Any]:
+        """The instances, when the first learns its placement (the others adopt what it
+        learns); else none."""
+        from ferry.runtime import LiveSession
+
+        sessions = list(self.loaded.sessions)
+        return sessions if sessions and isinstance(sessions[0], LiveSession) else []
+
+    def placement_report(self) -> dict[str, Any] | None:
+        """Live placement's report of the learning instance (``LiveSession.placement_report``),
+        with ``"instances"``: each instance's buckets (plan, state, calls); None when the
+        version's placement is fixed."""
+        sessions = self._live_sessions()
+        if not sessions:
+            return None
+        report = sessions[0].placement_report()
+        keep = ("bucket", "plan", "state", "calls")
+        report["instances"] = [
+            [{k: b[k] for k in keep} for b in s.placement_report()["buckets"]] for s in sessions
+        ]
+        return report
 
     def tensor_metadata(self, outputs: bool = False) -> list[dict[str, Any]]:
         """``[{"name", "datatype", "shape"}]`` with -1 for variable dims."""
