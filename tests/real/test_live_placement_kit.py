@@ -54,3 +54,42 @@ def test_live_placement_learns_each_width_and_the_next_load_starts_there(
     known = {str(b["bucket"]): b["plan"] for b in again.placement_report()["buckets"]}
     assert known == {str(b["bucket"]): b["plan"] for b in report["buckets"]}
     assert again.placement_settled(1)
+
+
+def test_live_auto_on_a_text_encoder_learns_each_length(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """``backends="auto"`` with no sizes on MiniLM (``[batch, sequence]`` ids and mask): auto runs
+    per length on the real sentences, judged at the task on them; the answers while it learns are
+    ONNX Runtime's; each length ends within the kit's judge; the next load starts there."""
+    pytest.importorskip("openvino")
+    mid = "minilm_l3"
+    monkeypatch.setenv("FERRY_CACHE_DIR", str(tmp_path))
+    path = kit_models.path(mid)
+    full = kit_models.feeds(mid)
+    # The sentence's first 15 word pieces closed by [SEP]: a second length of real text.
+    ids = np.concatenate([full["input_ids"][:, :15], np.full((1, 1), 102, np.int64)], axis=1)
+    short = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    reference = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+    def want(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        names = [o.name for o in reference.get_outputs()]
+        return dict(zip(names, reference.run(names, inputs), strict=True))
+
+    session = ferry.load(path, backends="auto")
+    assert isinstance(session, LiveSession)
+    for inputs in (full, short, full):
+        got = session.run(inputs)
+        for key, value in want(inputs).items():
+            np.testing.assert_array_equal(got[key], value)
+    assert session.placement_settled(600)
+    report = session.placement_report()
+    assert {str(b["bucket"]["input_ids"]) for b in report["buckets"]} == {"[1, 32]", "[1, 16]"}
+    for bucket in report["buckets"]:
+        assert bucket["state"].startswith(("switched", "on onnxruntime")), bucket
+        assert "failed" not in bucket["state"], bucket
+    for inputs in (full, short):
+        kit_models.judged(mid, "live placement (auto)", session.run(inputs), want(inputs))
+    again = ferry.load(path, backends="auto")
+    known = {str(b["bucket"]): b["plan"] for b in again.placement_report()["buckets"]}
+    assert known == {str(b["bucket"]): b["plan"] for b in report["buckets"]}

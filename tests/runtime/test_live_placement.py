@@ -191,6 +191,20 @@ def test_auto_learns_per_bucket_on_the_real_call(
     assert bucket["plan"] == "close fp32" and bucket["speedup"] > 1
 
 
+def test_a_bucket_auto_keeps_on_onnxruntime_says_so(
+    engines: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def auto_plan(model: ir.Model, **kwargs: Any) -> Any:
+        return ferry.runtime.auto_plan(model, backends=["wrong"], **kwargs)
+
+    monkeypatch.setattr(_live, "auto_plan", auto_plan)
+    session = ferry.load(seq_model(), backends="auto", cache_dir=False)
+    session.run(feeds(8))
+    assert session.placement_settled(60)
+    (bucket,) = session.placement_report()["buckets"]
+    assert bucket["plan"] == "onnxruntime" and bucket["state"] == "on onnxruntime (auto's choice)"
+
+
 def test_fixed_placement_and_a_forced_plan_keep_todays_behaviour(
     engines: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -348,6 +348,8 @@ class LiveSession(Session):
         else:
             found = self._learn_plan(self._candidate, route, sample)
         if found is None:
+            if route.state == "learning":  # auto chose ONNX Runtime alone
+                route.state = "on onnxruntime (auto's choice)"
             self._save(None, route)
             return
         plan, label, plan_ms, alone_ms = found
