@@ -28,7 +28,6 @@ __all__ = [
     "Metrics",
     "VersionRecorder",
     "VersionStats",
-    "bucket_label",
 ]
 
 #: Requests a recorder queues before it applies their Prometheus updates.
@@ -155,7 +154,7 @@ class Metrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
-def bucket_label(bucket: Mapping[str, Sequence[int]]) -> str:
+def _bucket_label(bucket: Mapping[str, Sequence[int]]) -> str:
     """A bucket of input sizes as a label: ``input1=1x1x64x200,mask=1x200``."""
     return ",".join(f"{name}={'x'.join(map(str, dims))}" for name, dims in bucket.items())
 
@@ -266,7 +265,7 @@ class VersionRecorder:
             metrics.placement_switches.labels(*self._labels, str(switch["plan"])).inc()
         self._switches_counted = len(switches)
         for bucket in report["buckets"]:
-            label = bucket_label(bucket["bucket"])
+            label = _bucket_label(bucket["bucket"])
             measured = bucket.get("speedup")
             switched = str(bucket.get("state", "")).startswith("switched")
             on = measured if switched and measured else 1.0

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -178,42 +177,35 @@ def find_model_file(version_dir: Path, filename: str | None = None) -> Path:
     )
 
 
-#: Fields of an artifact's ``ferry.json`` ferry writes while serving it (live placement's
-#: plans, the sizes found to run it): no change to the model, no reload.
-_SERVED_FIELDS = ("placement", "found_inputs")
-
-
 def _fingerprint(path: Path) -> tuple[Any, ...]:
     """What changes when a version's files change: names, sizes and modification times; for a
-    ``ferry.json``, its content less :data:`_SERVED_FIELDS` (atomic writes' temp files skipped)."""
+    ``ferry.json``, its content less what ferry writes there as it serves (:func:`_served_less`)."""
     if path.is_file():
         base, files = path.parent, [path]
     else:
         base, files = path, sorted(p for p in path.rglob("*") if p.is_file())
-    out: list[tuple[Any, ...]] = []
+    out = []
     for p in files:
         if p.name.startswith(".ferry.json.") and p.name.endswith(".tmp"):
-            continue
+            continue  # graph.atomic_path's, renamed over ferry.json in a moment
         try:
             st = p.stat()
         except OSError:
             continue
-        name = str(p.relative_to(base))
-        digest = _report_digest(p) if p.name == "ferry.json" else None
-        out.append((name, digest) if digest else (name, st.st_size, st.st_mtime_ns))
+        content = _served_less(p) if p.name == "ferry.json" else None
+        out.append((str(p.relative_to(base)), content or (st.st_size, st.st_mtime_ns)))
     return tuple(out)
 
 
-def _report_digest(report: Path) -> str | None:
-    """A hash of ``report``'s JSON less :data:`_SERVED_FIELDS`; None: not a JSON object."""
+def _served_less(report: Path) -> str | None:
+    """``report``'s JSON, canonical, less the fields ferry writes while serving (what live
+    placement learned, the sizes found to run the model); None: not a JSON object."""
     try:
         data = json.loads(report.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    kept = {k: v for k, v in data.items() if k not in _SERVED_FIELDS}
-    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
+        kept = {k: v for k, v in data.items() if k not in ("placement", "found_inputs")}
+    except (OSError, ValueError, AttributeError):
+        return None  # its size and time stand for it
+    return json.dumps(kept, sort_keys=True)
 
 
 @dataclasses.dataclass(frozen=True)

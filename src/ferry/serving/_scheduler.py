@@ -258,13 +258,8 @@ def _follow(learner: Any, sibling: Any) -> None:
     the same cores, and each would overwrite the other's record of a bucket."""
     from ferry.runtime import LiveSession
 
-    if not (isinstance(learner, LiveSession) and isinstance(sibling, LiveSession)):
-        return
-    # LiveSession(learn=False) is what a sibling is; ferry.load has no way to ask for it, and
-    # its learned plans (cache, artifact) must be read exactly as the learner's are: load, then
-    # turn learning off before its first call.
-    sibling._learns = False
-    learner.on_switch(sibling.adopt)
+    if isinstance(learner, LiveSession) and isinstance(sibling, LiveSession):
+        sibling.follow(learner)
 
 
 def _unbatched_if_rows_interact(
