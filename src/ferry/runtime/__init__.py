@@ -4,7 +4,8 @@ Session that runs it, ``auto``'s measured choice of plan, and checking a plan pa
 ``load(model, backends=...)`` is the entry point (re-exported as ``ferry.load``). Modules import
 one way: ``_specs``, ``_feeds``, ``_cache`` <- ``_session`` (the Session) <- ``_found_graph``,
 ``_found`` (valid inputs found by probing) <- ``_measure`` (the
-block timer, the sizes to time at, the verdicts' folder, ONNX Runtime alone) <- ``_auto``,
+block timer, the sizes to time at, the verdicts' folder, ONNX Runtime alone), ``_auto_candidates``
+(what auto tries, named by what each engine computed) <- ``_auto``,
 ``_pays`` <- ``_live_store`` (what live placement learned, kept) <- ``_live`` (a session that
 learns its plan from the calls it serves) <- ``_load`` (``load``, ``make_plan``) <- ``_verify``.
 """

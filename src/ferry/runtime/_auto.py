@@ -3,8 +3,12 @@ one within an accuracy budget.
 
 Candidates: plain ONNX Runtime fp32 (the baseline and the reference), each available engine at
 each precision it offers (what it refuses falls back to ONNX Runtime, so an engine that takes part
-of the model is a split plan), and the placement of all engines together. Simulated adapters
-(``simulated = True``) are left out unless named.
+of the model is a split plan), and the placement of all engines together (listed by
+:mod:`ferry.runtime._auto_candidates`). Simulated adapters (``simulated = True``) are left out
+unless named. On a source already in int8 (QDQ, dynamic int8, QOperator) each candidate is
+labelled by what its compiled engine says it computed: ``openvino int8 (QDQ)`` (precision
+``int8``, ``+ bf16`` when its float layers were asked lower) where it runs the source's layers in
+int8, ``openvino fp32 (widens dynamic int8)`` where it runs them in float.
 
 Where it measures: at the inputs given (``feeds``), else at random inputs of the shapes given,
 else of the model's static shapes. A symbolic first dim (the batch, as a rule) may default to 1;
@@ -23,8 +27,9 @@ after the others' worker threads have gone quiet (:func:`ferry.runtime._measure.
 until the ranking is stable or the budget is spent, each candidate's noise measured. A split plan
 (several partitions) competes only if it beats each of its engines alone. The fastest within
 budget wins; among those tied with it (their difference within the two candidates' measured noise,
-:func:`ferry.runtime._measure.tie_tolerance`, never under 1%), the baseline, then fp32, then the
-fewest partitions (equal speed is not worth a lower precision or a boundary). The choice and the table are
+:func:`ferry.runtime._measure.tie_tolerance`, never under 1%), the baseline, then one that asks
+for no precision below the source's (fp32, or the source's own int8), then the fewest partitions
+(equal speed is not worth a lower precision or a boundary). The choice and the table are
 cached per model, input sizes, budget, precision and machine.
 """
 
@@ -43,11 +48,12 @@ from typing import Any, Literal
 import numpy as np
 import onnx_ir as ir
 
-from ferry.backends import FALLBACK, get_backend, known_backends, place
+from ferry.backends import FALLBACK, get_backend, known_backends
 from ferry.errors import FerryError
 from ferry.graph import graph_inputs, reduced_precision
-from ferry.parity import DEFAULT_BUDGET, Budget, BudgetVerdict, default_budget, within_budget
+from ferry.parity import DEFAULT_BUDGET, Budget, default_budget, within_budget
 from ferry.plan import Plan
+from ferry.runtime._auto_candidates import Candidate, candidates, name_computed
 from ferry.runtime._measure import (
     alone_session,
     machine_fingerprint,
@@ -63,55 +69,6 @@ from ferry.runtime._specs import spec_of
 __all__ = ["AutoChoice", "Candidate", "auto_engines", "auto_plan", "choose"]
 
 logger = logging.getLogger(__name__)
-
-_BASELINE = f"{FALLBACK} fp32"
-
-
-@dataclasses.dataclass
-class Candidate:
-    """One configuration tried, and how it did.
-
-    Attributes:
-        label: engine(s) and precision, e.g. ``"openvino bf16"``.
-        plan: the plan measured.
-        precision: the precision its engines ran in.
-        load_s: compile time.
-        latency_ms: median per call over the timed blocks (inf when it failed).
-        accuracy: its outputs against ONNX Runtime fp32's (None when it failed).
-        noise: the relative spread of ``latency_ms`` within the run
-            (:class:`ferry.runtime._measure.BlockStats`).
-        error: why it could not be measured.
-    """
-
-    label: str
-    plan: Plan
-    precision: str = "fp32"
-    load_s: float = 0.0
-    latency_ms: float = float("inf")
-    accuracy: BudgetVerdict | None = None
-    error: str | None = None
-    noise: float = 0.0
-
-    @property
-    def passed(self) -> bool:
-        """Measured and within the accuracy budget."""
-        return self.error is None and self.accuracy is not None and self.accuracy.passed
-
-    def to_dict(self, baseline_ms: float | None = None) -> dict[str, Any]:
-        measured = self.error is None and np.isfinite(self.latency_ms)
-        return {
-            "label": self.label,
-            "precision": self.precision,
-            "partitions": len(self.plan.partitions),
-            "backends": self.plan.backends,
-            "load_s": round(self.load_s, 4),
-            "latency_ms": self.latency_ms if measured else None,
-            "noise": round(self.noise, 4) if measured else None,
-            "speedup": baseline_ms / self.latency_ms if measured and baseline_ms else None,
-            "accuracy": None if self.accuracy is None else self.accuracy.to_dict(),
-            "passed": self.passed,
-            "error": self.error,
-        }
 
 
 @dataclasses.dataclass
@@ -219,11 +176,14 @@ def auto_plan(
     baseline = alone_session(model, threads=threads, source_path=source_path, cache_dir=cache_dir)
     expected = baseline.run(dict(inputs))
     budget, judge = _budget(model, expected, accuracy)
-    candidates = _candidates(model, names, exact=exact, precision=precision)
+    tried = candidates(model, names, exact=exact, precision=precision)
+    held = reduced_precision(model)
+    if held:  # labelled by what its engine computed of the source's int8, not by the option
+        name_computed(tried[0], _compiled(baseline), held)
     # Each candidate is built once: timed here, and the chosen one is the session returned.
-    sessions: list[tuple[Candidate, Session]] = [(candidates[0], baseline)]
-    candidates[0].accuracy = within_budget(expected, expected, budget)
-    for candidate in candidates[1:]:
+    sessions: list[tuple[Candidate, Session]] = [(tried[0], baseline)]
+    tried[0].accuracy = within_budget(expected, expected, budget)
+    for candidate in tried[1:]:
         start = time.perf_counter()
         try:
             session = Session(
@@ -234,16 +194,18 @@ def auto_plan(
             candidate.error = str(e)
             continue
         candidate.load_s = time.perf_counter() - start
+        if held:
+            name_computed(candidate, _compiled(session), held)
         candidate.accuracy = within_budget(got, expected, budget)
         sessions.append((candidate, session))
     sessions = _timed_or_dropped(sessions, inputs, budget_s)
-    best = choose(candidates)
-    baseline_ms = candidates[0].latency_ms
+    best = choose(tried)
+    baseline_ms = tried[0].latency_ms
     choice = AutoChoice(
         best.plan,
         best.label,
-        candidates,
-        [c.to_dict(baseline_ms) for c in candidates],
+        tried,
+        [c.to_dict(baseline_ms) for c in tried],
         {name: list(np.shape(a)) for name, a in inputs.items()},
         random_inputs=feeds is None,
         cache_path=path,
@@ -253,6 +215,12 @@ def auto_plan(
     if path is not None:
         _write_cache(path, choice)
     return choice
+
+
+def _compiled(session: Session) -> list[Any]:
+    """The session's compiled partitions, to ask their engines what they computed (the Session
+    keeps them to itself; only auto asks)."""
+    return list(getattr(session, "_compiled", ()))
 
 
 class _Failing:
@@ -307,7 +275,8 @@ def _budget(
 def choose(candidates: Sequence[Candidate]) -> Candidate:
     """The fastest candidate within budget; among those tied with it (the difference within
     :func:`ferry.runtime._measure.tie_tolerance` of their noises), the baseline (the first
-    candidate), then fp32, then the fewest partitions, then the first listed. A split plan
+    candidate), then one asking no precision below the source's (``Candidate.lowered``), then
+    the fewest partitions, then the first listed. A split plan
     (several partitions) takes part only if it is faster than each of its engines alone (every
     one-partition candidate within budget on one of its engines): a cut costs copies and calls
     that an engine running alone does not pay."""
@@ -329,7 +298,7 @@ def choose(candidates: Sequence[Candidate]) -> Candidate:
         close,
         key=lambda c: (
             c is not candidates[0],
-            c.precision != "fp32",
+            c.lowered,
             len(c.plan.partitions),
             order[id(c)],
         ),
@@ -370,41 +339,6 @@ def auto_engines(backends: Sequence[str] | None) -> list[str]:
     if FALLBACK not in found:
         found.append(FALLBACK)
     return found
-
-
-def _candidates(
-    model: ir.Model, names: list[str], *, exact: bool, precision: str | None
-) -> list[Candidate]:
-    out = [Candidate(_BASELINE, Plan.whole_graph(model, FALLBACK))]
-    seen = {_plan_signature(out[0].plan)}
-    engines = [n for n in names if n != FALLBACK]
-    for name in engines:
-        backend = get_backend(name)
-        placed = None
-        for offered in backend.precisions:
-            if (exact and offered != "fp32") or (precision is not None and offered != precision):
-                continue
-            if placed is None:  # placed once: precision is an option of the plan
-                placed = place(model, [backend, get_backend(FALLBACK)])
-            plan = placed.with_options({name: {"precision": offered}})
-            _add(out, seen, Candidate(f"{name} {offered}", plan, offered))
-    if len(engines) > 1 and precision in (None, "fp32"):
-        plan = place(model, [get_backend(n) for n in names])
-        # fp32 spelled out, so that a combined plan one engine took whole is seen as that one's
-        fp32 = {n: {"precision": "fp32"} for n in plan.backends if n != FALLBACK}
-        _add(out, seen, Candidate("+".join(names) + " fp32", plan.with_options(fp32)))
-    return out
-
-
-def _add(out: list[Candidate], seen: set[str], candidate: Candidate) -> None:
-    signature = _plan_signature(candidate.plan)
-    if signature not in seen:
-        seen.add(signature)
-        out.append(candidate)
-
-
-def _plan_signature(plan: Plan) -> str:
-    return json.dumps(plan.to_dict(), sort_keys=True)
 
 
 def _budget_key(accuracy: Budget | None) -> Any:
