@@ -80,6 +80,18 @@ _ORT_FLOAT = frozenset(
         "Attention",
     }
 )
+#: TFLite's weighted ops, and its int8 / uint8 tensor type codes.
+_TFLITE_WEIGHTED = frozenset(
+    {
+        "CONV_2D",
+        "DEPTHWISE_CONV_2D",
+        "TRANSPOSE_CONV",
+        "FULLY_CONNECTED",
+        "BATCH_MATMUL",
+        "UNIDIRECTIONAL_SEQUENCE_LSTM",
+    }
+)
+_TFLITE_INT8 = frozenset({9, 3})
 #: OpenVINO's names of what it ran in -> ferry's precision names.
 _PRECISION_NAMES = {"f32": "fp32", "bf16": "bf16", "f16": "fp16", "float32": "fp32"}
 #: A model past this size is not serialized again to ask ONNX Runtime what it fused.
@@ -278,6 +290,8 @@ def _ask(engine: str, partition: Any, spec: Any) -> tuple[int, int, str | None] 
             return _ask_openvino(partition)
         if engine == FALLBACK:
             return _ask_onnxruntime(spec.model)
+        if engine == "litert":
+            return _ask_litert(partition)
     except Exception as e:  # a question about the engine must never fail the candidate
         logger.info("auto: could not ask %s what it computed: %s", engine, e)
     return None
@@ -315,6 +329,25 @@ def _ask_onnxruntime(model: ir.Model) -> tuple[int, int, str | None] | None:
     ops = [node.op_type for node in optimized.graph.node]
     int8 = sum(op in _ORT_INT8 for op in ops)
     return int8, int8 + sum(op in _ORT_FLOAT for op in ops), "fp32"
+
+
+def _ask_litert(partition: Any) -> tuple[int, int, str | None] | None:
+    """The ``.tflite`` file LiteRT runs (lowered at the sizes of the first call, which auto has
+    made): its weighted ops, int8 where their input is int8 or uint8."""
+    from ferry.tflite import read_tflite
+
+    engines = list(getattr(partition, "_engines", {}).values())
+    data = getattr(engines[0], "data", None) if engines else None
+    if not isinstance(data, bytes):
+        return None
+    graph = read_tflite(data, "litert partition").subgraphs[0]
+    int8 = layers = 0
+    for op in graph.operators:
+        if op.opcode not in _TFLITE_WEIGHTED or not op.inputs or op.inputs[0] < 0:
+            continue
+        layers += 1
+        int8 += graph.tensors[op.inputs[0]].type in _TFLITE_INT8
+    return int8, layers, "fp32"
 
 
 def _add(out: list[Candidate], seen: set[str], candidate: Candidate) -> None:
