@@ -292,7 +292,9 @@ def test_what_was_learned_travels_with_the_artifact(
     # A plain .onnx beside no ferry.json gets none written.
     plain = tmp_path / "plain.onnx"
     plain.write_bytes(proto.SerializeToString())
-    ferry.load(plain, backends="close,onnxruntime", cache_dir=False).run(feeds(4))
+    elsewhere = ferry.load(plain, backends="close,onnxruntime", cache_dir=False)
+    elsewhere.run(feeds(4))
+    assert elsewhere.placement_settled(30)
     assert not (tmp_path / "ferry.json").exists()
 
 
@@ -308,14 +310,17 @@ def test_a_follower_adopts_what_its_leader_learns_without_learning(
     follower.follow(leader)
     heard: list[dict[str, Any]] = []
     leader.on_switch(heard.append)
-    follower.run(feeds(16))  # a follower's own new bucket is not learned
-    assert follower.placement_settled(1)
-    leader.run(feeds(8))
+    follower.run(feeds(40))  # sizes only the follower sees: the leader learns them
+    assert follower.placement_settled(1)  # the follower itself learns nothing
+    leader.run(feeds(24))
     assert leader.placement_settled(30)
-    (switch,) = heard
-    assert switch["plan"] == "close" and switch["plan_dict"]["partitions"]
+    assert sorted(s["bucket"]["x"][1] for s in heard) == [24, 40]
+    assert all(s["plan"] == "close" and s["plan_dict"]["partitions"] for s in heard)
     by_size = {b["bucket"]["x"][1]: b for b in follower.placement_report()["buckets"]}
-    assert by_size[8]["plan"] == "close" and by_size[8]["state"] == "switched (adopted)"
-    assert by_size[16]["state"] == "on onnxruntime (waiting for the learning instance)"
-    expected = truth(proto, feeds(8))
-    np.testing.assert_allclose(follower.run(feeds(8))["y"], fake_engines.close(expected), rtol=1e-6)
+    for size in (24, 40):
+        assert by_size[size]["plan"] == "close" and by_size[size]["state"] == "switched (adopted)"
+    assert [s["how"] for s in follower.switches] == ["adopted", "adopted"]
+    expected = truth(proto, feeds(24))
+    np.testing.assert_allclose(
+        follower.run(feeds(24))["y"], fake_engines.close(expected), rtol=1e-6
+    )

@@ -196,6 +196,7 @@ class LiveSession(Session):
         self._closing = False  # set at interpreter exit: learning stops at its next step
         self._built: dict[str, Session] = {}
         self._learns = learn  # False: a sibling instance, which only adopts what another learned
+        self._leader: LiveSession | None = None  # the session a follower hands new sizes to
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
         self._records: list[dict[str, Any]] = []  # the switches with their plans, for followers
         #: The switches made, in order: bucket, plan, speedup, when.
@@ -224,6 +225,9 @@ class LiveSession(Session):
 
     def _first_call(self, key: Bucket, inputs: Mapping[str, Any]) -> _Route | None:
         self._checker.check(inputs)  # bad inputs fail here, before any learning
+        leader = self._leader
+        if leader is not None and key not in leader._routes:
+            leader._first_call(key, inputs)  # sizes only a follower saw are learned too
         with self._lock:
             route = self._routes.get(key)
             if route is not None or len(self._routes) >= _MAX_ROUTES:
@@ -287,6 +291,7 @@ class LiveSession(Session):
         engines for each plan."""
         with self._lock:
             self._learns = False
+            self._leader = leader
         leader.on_switch(self.adopt)
         for switch in leader.switch_records():
             self.adopt(switch)
