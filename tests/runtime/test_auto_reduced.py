@@ -26,6 +26,7 @@ from ferry.parity import within_budget
 from ferry.plan import Plan
 from ferry.runtime import auto_plan
 from ferry.runtime._auto import Candidate, choose
+from ferry.runtime._auto_candidates import Computed
 
 pytest.importorskip("openvino")
 
@@ -169,3 +170,18 @@ def test_a_tie_goes_to_what_asks_no_precision_below_the_sources(qdq: ir.Model) -
     assert choose([base, lower, same]).label == "openvino int8 (QDQ)"
     assert choose([base, lower]).label == "openvino int8 (QDQ) + bf16"
     assert not same.lowered and lower.lowered and not base.lowered
+
+
+def test_what_each_engine_computed_in_words() -> None:
+    computed = Computed(
+        int8={"openvino": 5, "onnxruntime": 1},
+        layers={"openvino": 15, "onnxruntime": 1, "litert": 0},
+        ran={"openvino": "bf16"},
+        silent=["acme"],
+    )
+    assert computed.words() == (
+        "openvino: int8 in 5 of 15 weighted layers, the rest bf16; "
+        "onnxruntime: int8 in its one weighted layer; acme: does not say"
+    )
+    widened = Computed(int8={}, layers={"openvino": 23}, ran={"openvino": "fp32"})
+    assert widened.words() == "openvino: fp32 in all 23 weighted layers (int8 widened)"

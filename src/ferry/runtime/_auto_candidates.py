@@ -122,14 +122,15 @@ class Computed:
             int8, ran = self.int8.get(engine, 0), self.ran.get(engine, "fp32")
             if not layers:
                 continue  # only what it takes between the others' layers
+            every = f"all {layers} weighted layers" if layers > 1 else "its one weighted layer"
             if int8 == layers:
-                parts.append(f"{engine}: int8 in all {layers} weighted layers")
+                parts.append(f"{engine}: int8 in {every}")
             elif int8:
                 parts.append(
                     f"{engine}: int8 in {int8} of {layers} weighted layers, the rest {ran}"
                 )
             else:
-                parts.append(f"{engine}: {ran} in all {layers} weighted layers (int8 widened)")
+                parts.append(f"{engine}: {ran} in {every} (int8 widened)")
         parts += [f"{engine}: does not say" for engine in self.silent]
         return "; ".join(parts)
 
