@@ -26,7 +26,7 @@ from onnx import helper
 import fake_engines
 from ferry.runtime import LiveSession, _pays
 from ferry.serving import create_app
-from ferry.serving._repository import _fingerprint
+from ferry.serving._repository_files import fingerprint as _fingerprint
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # starlette asks for httpx2; httpx is what we have
@@ -151,3 +151,37 @@ def test_what_ferry_writes_into_ferry_json_does_not_reload_the_model(tmp_path: P
     (folder / "model.onnx").write_bytes(b"onnx2")
     report.write_text("not json")  # unreadable: its size and time stand for it
     assert _fingerprint(folder) != before
+
+
+@pytest.mark.parametrize("where", ["config", "server"])
+def test_placement_fixed_turns_learning_off(
+    where: str, repo: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``"placement": "fixed"`` in config.json, or the server's ``--placement fixed``: the model
+    keeps the plan made at load, learns nothing and reports no placement."""
+    fake_engines.register(monkeypatch)
+    monkeypatch.setenv("FERRY_CACHE_DIR", str(tmp_path / "cache"))
+    write_model(repo, "seq", 1, seq_model())
+    config: dict[str, Any] = {"max_batch_size": 0}
+    if where == "config":
+        config["placement"] = "fixed"
+    write_config(repo, "seq", config)
+    server = {"placement": "fixed"} if where == "server" else {}
+    app = create_app(repo, backends="close,onnxruntime", threads=1, **server)
+    with TestClient(app) as test_client:
+        assert app.state.ferry.started.wait(120)
+        (version,) = app.state.ferry.repository.serving("seq")
+        assert not any(isinstance(s, LiveSession) for s in version.loaded.sessions)
+        stats = test_client.get("/v2/models/seq/stats").json()
+        assert "placement" not in stats["model_stats"][0]
+
+
+def test_a_config_with_an_unknown_placement_is_refused(repo: Path) -> None:
+    write_model(repo, "seq", 1, seq_model())
+    write_config(repo, "seq", {"placement": "sometimes"})
+    app = create_app(repo, threads=1)
+    with TestClient(app) as test_client:
+        assert app.state.ferry.started.wait(60)
+        index = test_client.post("/v2/repository/index").json()
+        (row,) = index
+        assert row["state"] == "UNAVAILABLE" and "'placement' must be \"live\"" in row["reason"]

@@ -46,6 +46,15 @@ from ferry.serving import DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
     "for their first engine; a result that computes something else or runs slower is not used.",
 )
 @click.option(
+    "--placement",
+    type=click.Choice(["live", "fixed"]),
+    default="live",
+    show_default=True,
+    help="With several engines (--backends openvino,onnxruntime or auto) and sizes unknown: "
+    "live learns each model's plan from the calls it serves (switches in /metrics); fixed keeps "
+    "the plan made at load. A config.json 'placement' wins.",
+)
+@click.option(
     "--api-key",
     envvar="FERRY_API_KEY",
     default=None,
@@ -111,6 +120,7 @@ def command(
     backends: str | None,
     precision: str | None,
     optimize: str,
+    placement: str,
     api_key: str | None,
     max_request_bytes: int,
     poll: float | None,
@@ -151,6 +161,7 @@ def command(
         backends=backends,
         precision=precision,
         optimize=None if optimize == "none" else optimize,
+        placement=placement,
         api_key=api_key,
         max_request_bytes=max_request_bytes,
         poll_interval=poll,

@@ -32,7 +32,7 @@ from ferry.runtime._feeds import (
     random_feeds,
 )
 from ferry.runtime._found import FoundInputs, found_inputs
-from ferry.runtime._live import LiveSession
+from ferry.runtime._live import PLACEMENTS, LiveSession, check_placement
 from ferry.runtime._load import (
     AUTO_BUDGET_S,
     PlanChoice,
@@ -57,6 +57,7 @@ __all__ = [
     "AUTO_BUDGET_S",
     "DEFAULT_MAX_BYTES",
     "GUESSED_SIZE",
+    "PLACEMENTS",
     "AutoChoice",
     "CacheEntry",
     "Candidate",
@@ -73,6 +74,7 @@ __all__ = [
     "auto_engines",
     "auto_plan",
     "block_medians",
+    "check_placement",
     "compile_partition",
     "concrete_shape",
     "default_cache_dir",

@@ -87,6 +87,7 @@ def create_app(
     batcher: Callable[..., Any] | None = None,
     threads: int | None = None,
     generation: GenerationSettings | None = None,
+    placement: str | None = None,
 ) -> Starlette:
     """The ASGI app serving a model repository, a model file or an artifact folder.
 
@@ -121,6 +122,9 @@ def create_app(
             says (a Ray Serve replica's share); None: the machine's cores shared out.
         generation: how generative artifacts are served: continuous batching's sequences at
             once, model length, KV cache budget, queue (default :class:`GenerationSettings`).
+        placement: ``"live"`` (default: with several engines and sizes unknown, a model learns
+            its plan from the calls it serves) or ``"fixed"``, for models whose config names
+            none.
 
     Raises:
         ModelLoadError: the source does not exist or is not a model, artifact or repository.
@@ -148,6 +152,7 @@ def create_app(
         backends=backends,
         precision=precision,
         optimize=optimize,
+        placement=placement,
         poll_interval=poll_interval,
         explicit=explicit,
         load=load,

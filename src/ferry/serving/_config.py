@@ -10,6 +10,7 @@ keys (all optional, no others)::
      "backends": ["onnxruntime"],
      "precision": "bf16",
      "optimize": "basic",
+     "placement": "fixed",
      "version_policy": {"latest": {"num_versions": 1}}}
 
 The defaults follow Triton's ONNX Runtime autocomplete: when ``max_batch_size`` is not given and every
@@ -28,6 +29,11 @@ Without it, the server's ``--precision``, else each engine's default (fp32).
 load, for its first engine, before placement; a result that computes something else or runs
 slower is not used (the model loads as it is, with a warning). Without it, the server's
 ``--optimize`` (default none).
+
+``placement`` (``"live"``, the default, or ``"fixed"``): with several engines offered and sizes
+unknown, a model learns its plan from the calls it serves (:class:`ferry.runtime.LiveSession`;
+the first instance learns, the others adopt) unless ``"fixed"``. Without it, the server's
+``--placement``.
 """
 
 from __future__ import annotations
@@ -150,6 +156,8 @@ class ModelConfig:
         precision: the precision to run in (one of :data:`PRECISIONS`); None: the server's.
         optimize: the optimization level run at load (one of :data:`OPTIMIZE_LEVELS`); None:
             the server's.
+        placement: ``"live"`` (learn the plan from the calls served when sizes are unknown) or
+            ``"fixed"`` (the plan made at load); None: the server's.
         version_policy: which versions are served.
         inputs: the inputs config.pbtxt declares (checked against the model; empty: none).
         outputs: the outputs config.pbtxt declares.
@@ -167,6 +175,7 @@ class ModelConfig:
     backends: tuple[str, ...] | None = None
     precision: str | None = None
     optimize: str | None = None
+    placement: str | None = None
     version_policy: VersionPolicy = dataclasses.field(default_factory=VersionPolicy)
     inputs: tuple[TensorConfig, ...] = ()
     outputs: tuple[TensorConfig, ...] = ()
@@ -194,6 +203,7 @@ _KEYS = {
     "backends",
     "precision",
     "optimize",
+    "placement",
     "version_policy",
 }
 _BATCHING_KEYS = {"max_queue_delay_microseconds", "preferred_batch_size"}
@@ -273,6 +283,12 @@ def parse_config(data: Any, name: str, *, source: str = "config") -> ModelConfig
     optimize = data.get("optimize")
     if optimize is not None:
         optimize = check_optimize(optimize, f"{where}: 'optimize'", ConfigError)
+    placement = data.get("placement")
+    if placement is not None and placement not in ("live", "fixed"):
+        raise ConfigError(
+            f"{where}: 'placement' must be \"live\" (learn the plan from the calls served) or "
+            f'"fixed" (the plan made at load), got {placement!r}'
+        )
     return ModelConfig(
         max_batch_size=max_batch,
         dynamic_batching=dynamic,
@@ -282,6 +298,7 @@ def parse_config(data: Any, name: str, *, source: str = "config") -> ModelConfig
         backends=backends,
         precision=precision,
         optimize=optimize,
+        placement=placement,
         version_policy=_version_policy(data.get("version_policy"), where),
     )
 

@@ -175,11 +175,12 @@ def load_version(
     warmup: bool = True,
     cores: int | None = None,
     threads: int | None = None,
+    placement: str | None = None,
 ) -> LoadedModel:
     """Load ``instance_count`` sessions of a model version, check its config, and warm it up.
 
-    Blocking: call it on a loader thread. ``backends``, ``precision`` and ``optimize`` are the
-    server's, for a config that names none. An optimization that is refused (it computes
+    Blocking: call it on a loader thread. ``backends``, ``precision``, ``optimize`` and
+    ``placement`` are the server's, for a config that names none. An optimization that is refused (it computes
     something else or runs slower) leaves the model as it is, with a warning. ``threads``: the
     engine threads of each instance, and one instance unless the config says how many (a Ray
     Serve replica's share); None: the cores shared out (:func:`engine_threads`).
@@ -193,6 +194,7 @@ def load_version(
 
     names = list(config.backends) if config.backends else parse_backends(backends)
     precision = config.precision or precision
+    placement = config.placement or placement or "live"
     level = config.optimize or optimize or "none"
     source: Any = model_file
     if level != "none":
@@ -202,7 +204,13 @@ def load_version(
     fixed = threads is not None
     if threads is None:
         threads = engine_threads(config.instance_count or 1, cores)
-    first = load(source, backends=names, threads=threads, precision=precision)
+
+    def instance() -> Any:
+        return load(
+            source, backends=names, threads=threads, precision=precision, placement=placement
+        )
+
+    first = instance()
     probe = _probe_session(first)
     config = _unbatched_if_rows_interact(config, name, probe, warmup)
     resolved = resolve_config(config, name, first.inputs, first.outputs)
@@ -213,13 +221,13 @@ def load_version(
     if decide and _call_seconds(probe, resolved) >= HEAVY_CALL_S:
         resolved = dataclasses.replace(resolved, instance_count=2)
         threads = max(1, (cores or available_cores()) // 2)
-        first = load(source, backends=names, threads=threads, precision=precision)
+        first = instance()
         probe = _probe_session(first)
     input_types = {s.name: _kserve_type(s, name, "input") for s in first.inputs}
     output_types = {s.name: _kserve_type(s, name, "output") for s in first.outputs}
     sessions = [first]
     for _ in range(resolved.instance_count - 1):
-        sibling = load(source, backends=names, threads=threads, precision=precision)
+        sibling = instance()
         _follow(first, sibling)
         sessions.append(sibling)
     loaded = LoadedModel(
