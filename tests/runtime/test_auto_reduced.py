@@ -185,3 +185,24 @@ def test_what_each_engine_computed_in_words() -> None:
     )
     widened = Computed(int8={}, layers={"openvino": 23}, ran={"openvino": "fp32"})
     assert widened.words() == "openvino: fp32 in all 23 weighted layers (int8 widened)"
+
+
+def test_int8_asked_of_a_source_in_int8_takes_the_engines_that_compute_it(
+    qdq: ir.Model, dynamic: ir.Model
+) -> None:
+    choice = auto_plan(
+        qdq, backends=["openvino"], precision="int8", feeds=_feeds(), cache=False, budget_s=0.3
+    )
+    assert [row["label"] for row in choice.table] == [
+        "onnxruntime int8 (QDQ)",
+        "openvino int8 (QDQ)",
+    ]
+    assert all(row["passed"] for row in choice.table)
+    # OpenVINO widens a dynamic-int8 source: not an int8 candidate, and the table says why.
+    choice = auto_plan(
+        dynamic, backends=["openvino"], precision="int8", feeds=_feeds(), cache=False, budget_s=0.3
+    )
+    rows = {row["label"]: row for row in choice.table}
+    assert choice.label == "onnxruntime int8 (dynamic int8)"
+    widened = rows["openvino fp32 (widens dynamic int8)"]
+    assert "computes none of the source's layers in int8" in widened["error"]

@@ -53,7 +53,12 @@ from ferry.errors import FerryError
 from ferry.graph import graph_inputs, reduced_precision
 from ferry.parity import DEFAULT_BUDGET, Budget, default_budget, within_budget
 from ferry.plan import Plan
-from ferry.runtime._auto_candidates import Candidate, candidates, name_computed
+from ferry.runtime._auto_candidates import (
+    Candidate,
+    candidates,
+    computes_int8,
+    name_computed,
+)
 from ferry.runtime._measure import (
     alone_session,
     machine_fingerprint,
@@ -141,7 +146,9 @@ def auto_plan(
             float source, the task's judge (:func:`ferry.parity.infer_judge`) for a source
             already reduced in precision.
         exact: consider fp32 only.
-        precision: consider only this precision (ONNX Runtime fp32 stays as the baseline).
+        precision: consider only this precision (ONNX Runtime fp32 stays as the baseline);
+            ``int8`` on a source already in int8 takes each engine that computes the source's
+            int8 (OpenVINO's int8 of a QDQ model), whatever options it offers.
         budget_s: rough bound on the time spent timing calls (compiling comes on top).
         feeds: the inputs to measure and judge with (the best: real data at real sizes).
         shapes: input sizes to measure at with random data, when ``feeds`` is None.
@@ -176,8 +183,8 @@ def auto_plan(
     baseline = alone_session(model, threads=threads, source_path=source_path, cache_dir=cache_dir)
     expected = baseline.run(dict(inputs))
     budget, judge = _budget(model, expected, accuracy)
-    tried = candidates(model, names, exact=exact, precision=precision)
     held = reduced_precision(model)
+    tried = candidates(model, names, exact=exact, precision=precision, held=held)
     if held:  # labelled by what its engine computed of the source's int8, not by the option
         name_computed(tried[0], _compiled(baseline), held)
     # Each candidate is built once: timed here, and the chosen one is the session returned.
@@ -196,6 +203,10 @@ def auto_plan(
         candidate.load_s = time.perf_counter() - start
         if held:
             name_computed(candidate, _compiled(session), held)
+            if precision == "int8" and candidate.option != "int8":
+                candidate.error = computes_int8(candidate)
+                if candidate.error is not None:
+                    continue
         candidate.accuracy = within_budget(got, expected, budget)
         sessions.append((candidate, session))
     sessions = _timed_or_dropped(sessions, inputs, budget_s)

@@ -38,7 +38,7 @@ from ferry.graph import ReducedPrecision
 from ferry.parity import BudgetVerdict
 from ferry.plan import Plan
 
-__all__ = ["Candidate", "Computed", "candidates", "name_computed"]
+__all__ = ["Candidate", "Computed", "candidates", "computes_int8", "name_computed"]
 
 logger = logging.getLogger(__name__)
 
@@ -199,19 +199,33 @@ class Candidate:
 
 
 def candidates(
-    model: ir.Model, names: list[str], *, exact: bool, precision: str | None
+    model: ir.Model,
+    names: list[str],
+    *,
+    exact: bool,
+    precision: str | None,
+    held: ReducedPrecision | None = None,
 ) -> list[Candidate]:
     """ONNX Runtime fp32 (the baseline, first), each engine in ``names`` at each precision it
     offers (``exact``: fp32 only; ``precision``: that one), and all engines placed together;
-    a plan already listed is not listed again."""
+    a plan already listed is not listed again.
+
+    ``precision="int8"`` on a source that ``held`` says is in int8 also asks each engine that
+    offers no int8 option for fp32: its int8 is the source's (OpenVINO's int8 of a QDQ model), and
+    :func:`computes_int8` then keeps only those that computed it.
+    """
     out = [Candidate(BASELINE, Plan.whole_graph(model, FALLBACK))]
     seen = {_plan_signature(out[0].plan)}
     engines = [n for n in names if n != FALLBACK]
+    in_int8 = held is not None and any(k in _TAGS for k in held.kinds)
     for name in engines:
         backend = get_backend(name)
+        wanted = precision
+        if precision == "int8" and in_int8 and "int8" not in backend.precisions:
+            wanted = "fp32"
         placed = None
         for offered in backend.precisions:
-            if (exact and offered != "fp32") or (precision is not None and offered != precision):
+            if (exact and offered != "fp32") or (wanted is not None and offered != wanted):
                 continue
             if placed is None:  # placed once: precision is an option of the plan
                 placed = place(model, [backend, get_backend(FALLBACK)])
@@ -257,6 +271,16 @@ def name_computed(candidate: Candidate, compiled: Sequence[Any], held: ReducedPr
         candidate.label = f"{engines} int8 ({tag}){more}"
     elif layers:
         candidate.label = f"{engines} {option} (widens {tag}" + (f"; {runs})" if runs else ")")
+
+
+def computes_int8(candidate: Candidate) -> str | None:
+    """None when ``candidate`` (named by :func:`name_computed`) computed the source's int8, else
+    why it is not an int8 candidate (for ``precision="int8"``)."""
+    if candidate.precision.startswith("int8"):
+        return None
+    if "does not say" in candidate.computes or not candidate.computes:
+        return "its engine does not say whether it computes the source's int8"
+    return f"it computes none of the source's layers in int8 ({candidate.computes})"
 
 
 def computed_by(compiled: Sequence[Any]) -> Computed:
