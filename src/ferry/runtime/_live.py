@@ -463,7 +463,7 @@ class LiveSession(Session):
         if choice.session is not None:
             self._built.setdefault(_signature(choice.plan), choice.session)
         rows = {row["label"]: row for row in choice.table}
-        base = next((r for r in choice.table if r["label"] == f"{FALLBACK} fp32"), None)
+        base = choice.table[0] if choice.table else None  # the baseline row comes first
         chosen = rows.get(choice.label, {})
         plan_ms = float(chosen.get("latency_ms") or 0.0)
         alone_ms = float((base or {}).get("latency_ms") or 0.0)
