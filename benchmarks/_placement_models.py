@@ -105,6 +105,10 @@ def _decoder(mid: str, work: Path) -> Prepared:
         origin = f"gguf, converted to a decoder artifact in {spent:.0f} s"
     path = folder / "model.onnx"
     files = load_decoder_files(folder)
+    if files.template is None:
+        return Prepared(
+            mid, origin=origin, convert_s=spent, skipped="the artifact has no chat template"
+        )
     chat = kit_models.feeds(mid)["messages"][0]
     text = files.template.render(list(chat), add_generation_prompt=True)
     ids = list(files.tokenizer.encode(text, add_special_tokens=False).ids)
