@@ -61,6 +61,10 @@ if TYPE_CHECKING:
     from starlette.responses import Response
     from starlette.types import Receive, Scope, Send
 
+    from ferry.serving._batcher import BatchOutcome
+    from ferry.serving._codec import InferRequest
+    from ferry.serving._scheduler import ModelVersion
+
 __all__ = ["EXTENSIONS", "ServingState", "create_app", "status_of"]
 
 logger = logging.getLogger(__name__)
@@ -313,18 +317,23 @@ async def _ready(request: Request) -> Response:
 
 
 async def _model_metadata(request: Request) -> Response:
-    repository = _state(request).repository
-    name = request.path_params["model"]
-    version = repository.get(name, request.path_params.get("version"))
+    state = _state(request)
     return _json(
-        {
-            "name": name,
-            "versions": [v.version_str for v in repository.serving(name)],
-            "platform": version.platform,
-            "inputs": version.tensor_metadata(),
-            "outputs": version.tensor_metadata(outputs=True),
-        }
+        model_metadata(state, request.path_params["model"], request.path_params.get("version"))
     )
+
+
+def model_metadata(state: ServingState, name: str, version_name: str | None) -> dict[str, Any]:
+    """A model's KServe v2 metadata (HTTP answers it as JSON, gRPC as ModelMetadataResponse)."""
+    repository = state.repository
+    version = repository.get(name, version_name)
+    return {
+        "name": name,
+        "versions": [v.version_str for v in repository.serving(name)],
+        "platform": version.platform,
+        "inputs": version.tensor_metadata(),
+        "outputs": version.tensor_metadata(outputs=True),
+    }
 
 
 async def _model_ready(request: Request) -> Response:
@@ -339,22 +348,27 @@ async def _model_ready(request: Request) -> Response:
 
 
 async def _model_config(request: Request) -> Response:
-    name = request.path_params["model"]
-    version = _state(request).repository.get(name, request.path_params.get("version"))
-    loaded = version.loaded
+    state = _state(request)
     return _json(
-        triton_config(
-            name=name,
-            resolved=version.resolved,
-            policy=version.config.version_policy,
-            backends=loaded.backends,
-            threads=loaded.threads,
-            precision=loaded.precision_text,
-            platform=version.platform,
-            model_filename=loaded.model_file.name,
-            inputs=[(t["name"], t["datatype"], t["shape"]) for t in version.tensor_metadata()],
-            outputs=[(t["name"], t["datatype"], t["shape"]) for t in version.tensor_metadata(True)],
-        )
+        model_config(state, request.path_params["model"], request.path_params.get("version"))
+    )
+
+
+def model_config(state: ServingState, name: str, version_name: str | None) -> dict[str, Any]:
+    """A model's Triton configuration as JSON (gRPC translates it to ``ModelConfig``)."""
+    version = state.repository.get(name, version_name)
+    loaded = version.loaded
+    return triton_config(
+        name=name,
+        resolved=version.resolved,
+        policy=version.config.version_policy,
+        backends=loaded.backends,
+        threads=loaded.threads,
+        precision=loaded.precision_text,
+        platform=version.platform,
+        model_filename=loaded.model_file.name,
+        inputs=[(t["name"], t["datatype"], t["shape"]) for t in version.tensor_metadata()],
+        outputs=[(t["name"], t["datatype"], t["shape"]) for t in version.tensor_metadata(True)],
     )
 
 
@@ -407,6 +421,17 @@ async def _load(request: Request) -> Response:
     params = data.get("parameters") or {}
     if not isinstance(params, dict):
         raise InvalidInputError("'parameters' must be an object")
+    await load_model(state, request.path_params["model"], params)
+    return Response(status_code=200)
+
+
+async def load_model(state: ServingState, name: str, params: dict[str, Any]) -> None:
+    """Load (or reload) a model with the load API's parameters (HTTP's and gRPC's).
+
+    Raises:
+        InvalidInputError: model files sent in the request, or a 'config' that is not a JSON
+            object.
+    """
     files = sorted(k for k in params if k.startswith("file:"))
     if files:
         raise InvalidInputError(
@@ -421,8 +446,7 @@ async def _load(request: Request) -> Response:
             raise InvalidInputError(f"the 'config' parameter is not valid JSON: {e}") from None
     if config is not None and not isinstance(config, dict):
         raise InvalidInputError("the 'config' parameter must be a JSON object (or its text)")
-    await state.repository.load(request.path_params["model"], config)
-    return Response(status_code=200)
+    await state.repository.load(name, config)
 
 
 async def _unload(request: Request) -> Response:
@@ -475,10 +499,7 @@ async def _infer_core(
         try:
             body = await _read_body(headers, receive, state.max_request_bytes)
             decoded = decode_request(body, _header_length(headers))
-            feeds, batch = version.prepare(decoded)
-            outputs, sends = version.output_plan(decoded.outputs, decoded.binary_output)
-            prepared = time.perf_counter_ns()
-            outcome = await version.infer(feeds, outputs, batch)
+            outcome, sends, prepared = await infer_decoded(state, version, decoded)
             computed = time.perf_counter_ns()
             content, header_length = encode_response(
                 model_name=version.name,
@@ -511,6 +532,23 @@ async def _infer_core(
         return 200, raw, content
     finally:
         version.exit()
+
+
+async def infer_decoded(
+    state: ServingState, version: ModelVersion, decoded: InferRequest
+) -> tuple[BatchOutcome, list[tuple[str, bool]], int]:
+    """Run a decoded request on its model version: the one path HTTP's and gRPC's inference
+    share (a request's parameters, ``decoded.parameters``, are read on it).
+
+    Returns:
+        The outcome, ``(name, binary)`` for each output to send, and when the request was
+        prepared (``perf_counter_ns``).
+    """
+    feeds, batch = version.prepare(decoded)
+    outputs, sends = version.output_plan(decoded.outputs, decoded.binary_output)
+    prepared = time.perf_counter_ns()
+    outcome = await version.infer(feeds, outputs, batch)
+    return outcome, sends, prepared
 
 
 _JSON_TYPE = b"application/json"
