@@ -43,6 +43,7 @@ from ferry.serving._http import (
     error_response,
 )
 from ferry.serving._metrics import Metrics
+from ferry.serving._pipeline import PipelineVersion
 from ferry.serving._repository import ModelNotReadyError, ModelRepository
 from ferry.serving._state import (
     ServingState,
@@ -357,6 +358,8 @@ async def _model_config(request: Request) -> Response:
 def model_config(state: ServingState, name: str, version_name: str | None) -> dict[str, Any]:
     """A model's Triton configuration as JSON (gRPC translates it to ``ModelConfig``)."""
     version = state.repository.get(name, version_name)
+    if isinstance(version, PipelineVersion):  # an ensemble's: its steps, no engine
+        return version.triton_config()
     loaded = version.loaded
     return triton_config(
         name=name,

@@ -51,6 +51,7 @@ from ferry.serving._config_file import read_config
 from ferry.serving._declared import DeclaredVersion
 from ferry.serving._generative import GenerationSettings, GenerativeVersion, load_generative
 from ferry.serving._metrics import Metrics, VersionRecorder
+from ferry.serving._pipeline import is_pipeline_file, load_pipeline, pipeline_down, pipeline_files
 from ferry.serving._repository_files import (
     NO_MODELS_HINT,
     VersionFiles,
@@ -343,14 +344,14 @@ class ModelRepository:
         if version is None or version == "":
             serving = entry.serving
             if serving:
-                return serving[max(serving)]
+                return _up(name, serving[max(serving)])
             raise ModelNotReadyError(f"model {name!r} is not ready: {self._why_not(entry)}")
         if not version.isdigit():
             raise InvalidInputError(f"invalid version {version!r}: versions are integers")
         number = int(version)
         found = entry.serving.get(number)
         if found is not None:
-            return found
+            return _up(name, found)
         state = entry.states.get(number)
         if state is not None:
             state_name, reason = state
@@ -389,7 +390,8 @@ class ModelRepository:
             if not entry.states and not entry.serving:
                 out.append(f"model {name!r} is loading")
                 continue
-            for version, (state, reason) in sorted(entry.states.items()):
+            for version in sorted(entry.states):
+                state, reason = _state(entry, version)
                 if state != READY and reason != "unloaded":
                     out.append(
                         f"model {name!r} version {version} is {state}"
@@ -411,7 +413,7 @@ class ModelRepository:
                 rows.append(_row(name, "", UNAVAILABLE, "not loaded"))
                 continue
             for version in sorted(entry.states):
-                state, reason = entry.states[version]
+                state, reason = _state(entry, version)
                 if entry.error and state == READY:
                     reason = f"{entry.error} (still serving the previous load)"
                 rows.append(_row(name, str(version), state, reason))
@@ -478,6 +480,9 @@ class ModelRepository:
         model_dir = self.root / name
         if not model_dir.is_dir():
             return _Scan(gone=True)
+        pipeline = pipeline_files(model_dir)  # a pipeline: its file is its one version
+        if pipeline is not None:
+            return _Scan(config=ModelConfig(), versions=pipeline)
         try:
             if override is not None:
                 config = parse_config(override, name, source="the load request's config")
@@ -612,6 +617,9 @@ class ModelRepository:
         path = files.path
         if files.error is not None or path is None:
             return files.error or "no model file"
+        if is_pipeline_file(path):
+            recorder = VersionRecorder(self.metrics, name, str(files.version))
+            return await load_pipeline(self, name, files, recorder)
         # an artifact folder (ferry serve ARTIFACT/), or the folder of a version's model.onnx
         folder = path if path.is_dir() else path.parent
         generative = is_generative_artifact(folder)
@@ -679,3 +687,19 @@ class ModelRepository:
 
 def _row(name: str, version: str, state: str, reason: str) -> dict[str, str]:
     return {"name": name, "version": version, "state": state, "reason": reason}
+
+
+def _up(name: str, version: ModelVersion) -> ModelVersion:
+    """``version``, unless it cannot serve now (a pipeline whose step's model is not ready)."""
+    why = pipeline_down(version)
+    if why is not None:
+        raise ModelNotReadyError(f"model {name!r} version {version.version} is unavailable: {why}")
+    return version
+
+
+def _state(entry: _Entry, number: int) -> tuple[str, str]:
+    """A version's state and reason; a READY one that cannot serve now is UNAVAILABLE."""
+    state, reason = entry.states[number]
+    served = entry.serving.get(number)
+    why = None if served is None else pipeline_down(served)
+    return (UNAVAILABLE, why) if state == READY and why is not None else (state, reason)
