@@ -7,6 +7,7 @@ measurement chose, judged at the kit's judge against ONNX Runtime; the next load
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,32 @@ import kit_models
 from ferry.runtime import LiveSession
 
 MID = "captcha_ocr"
+
+
+def _feed_until_settled(
+    session: LiveSession,
+    calls: list[dict[str, np.ndarray]],
+    want: Any,
+    limit_s: float = 600,
+) -> int:
+    """Feed ``calls`` in turn until the session settles; a call made while its bucket had not
+    switched must be ONNX Runtime's answer exactly (learning never answers from a plan on
+    trial). Returns the calls made."""
+    made = 0
+    deadline = time.monotonic() + limit_s
+    while True:
+        for inputs in calls:
+            switched = {str(s["bucket"]) for s in session.switches}
+            got = session.run(inputs)
+            made += 1
+            key = str({n: list(a.shape) for n, a in inputs.items()})
+            if key not in switched:
+                for name, value in want(inputs).items():
+                    np.testing.assert_array_equal(got[name], value)
+        if session.placement_settled(0.01) or time.monotonic() > deadline:
+            break
+    assert session.placement_settled(1), session.placement_report()
+    return made
 
 
 def test_live_placement_learns_each_width_and_the_next_load_starts_there(
@@ -38,15 +65,11 @@ def test_live_placement_learns_each_width_and_the_next_load_starts_there(
 
     session = ferry.load(path, backends="openvino,onnxruntime")
     assert isinstance(session, LiveSession) and session.plan.backends == ["onnxruntime"]
-    for inputs in (wide, narrow, wide, narrow):
-        got = session.run(inputs)
-        for key, value in want(inputs).items():
-            np.testing.assert_array_equal(got[key], value)  # learning: ONNX Runtime's answer
-    assert session.placement_settled(300)
+    _feed_until_settled(session, [wide, narrow], want)
     report = session.placement_report()
     assert len(report["buckets"]) == 2, report
     for bucket in report["buckets"]:
-        assert bucket["state"].startswith(("switched", "on onnxruntime (the plan")), bucket
+        assert bucket["state"].startswith(("switched", "on onnxruntime (no plan")), bucket
         assert bucket["plan_ms"] and bucket["alone_ms"], bucket
     for inputs in (wide, narrow):
         kit_models.judged(MID, "live placement", session.run(inputs), want(inputs))
@@ -78,11 +101,7 @@ def test_live_auto_on_a_text_encoder_learns_each_length(
 
     session = ferry.load(path, backends="auto")
     assert isinstance(session, LiveSession)
-    for inputs in (full, short, full):
-        got = session.run(inputs)
-        for key, value in want(inputs).items():
-            np.testing.assert_array_equal(got[key], value)
-    assert session.placement_settled(600)
+    _feed_until_settled(session, [full, short], want)
     report = session.placement_report()
     assert {str(b["bucket"]["input_ids"]) for b in report["buckets"]} == {"[1, 32]", "[1, 16]"}
     for bucket in report["buckets"]:

@@ -2,7 +2,8 @@
 Runtime alone and learns, per bucket of input sizes, the plan that pays, in the background.
 
 The engines are made up (``fake_engines``): ``close`` answers within the default budget, ``wrong``
-outside any; the pays check's timer is replaced so that which plan is faster is known.
+outside any; the trial's timer (each call run on ONNX Runtime and a contender in a pair) is
+replaced so that which plan is faster is known.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from onnx import helper
 import fake_engines
 import ferry
 from ferry.errors import InvalidInputError
-from ferry.runtime import LiveSession, _live, _pays
+from ferry.runtime import LiveSession, _live, _live_trial, _pays
 
 
 def seq_model() -> Any:
@@ -48,7 +49,17 @@ def truth(proto: Any, inputs: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def timed(plan_ms: float, alone_ms: float) -> Any:
-    """The pays check's block timer, giving the plan and ONNX Runtime alone these times."""
+    """The trial's call timer, giving a contender and ONNX Runtime alone these times."""
+
+    def fake(session: Any, inputs: Any, outputs: Any) -> tuple[Any, float]:
+        alone = session.plan.backends == ["onnxruntime"]
+        return session.run(inputs, outputs), alone_ms if alone else plan_ms
+
+    return fake
+
+
+def blocks(plan_ms: float, alone_ms: float) -> Any:
+    """The pays check's block timer at load (sizes known), with these times."""
 
     def time_in_blocks(runs: list[Any], inputs: Any, budget_s: float) -> None:
         for contender, session in runs:
@@ -56,6 +67,20 @@ def timed(plan_ms: float, alone_ms: float) -> Any:
             contender.latency_ms = plan_ms if contender.label == "plan" else alone_ms
 
     return time_in_blocks
+
+
+def settle(session: Any, *calls: dict[str, np.ndarray], limit_s: float = 60) -> list[Any]:
+    """Feed ``calls`` in turn until the session's placement is settled (a bucket on trial is
+    decided by its calls); every answer, in order."""
+    answers = []
+    deadline = time.monotonic() + limit_s
+    while True:
+        for inputs in calls:
+            answers.append((inputs, session.run(inputs)))
+        if session.placement_settled(0.02) or time.monotonic() > deadline:
+            break
+    assert session.placement_settled(1), session.placement_report()
+    return answers
 
 
 @pytest.fixture
@@ -67,7 +92,7 @@ def engines(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
 def test_a_live_session_starts_on_onnxruntime_and_switches_when_the_plan_pays(
     engines: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(_pays, "time_in_blocks", timed(1.0, 4.0))
+    monkeypatch.setattr(_live_trial, "_timed", timed(1.0, 4.0))
     proto = seq_model()
     session = ferry.load(proto, backends="close,onnxruntime", cache_dir=False)
     assert isinstance(session, LiveSession)
@@ -76,9 +101,9 @@ def test_a_live_session_starts_on_onnxruntime_and_switches_when_the_plan_pays(
     short = feeds(8)
     expected = truth(proto, short)
     # Every call while learning is ONNX Runtime's answer, exactly.
-    for _ in range(3):
-        np.testing.assert_array_equal(session.run(short)["y"], expected)
-    assert session.placement_settled(30)
+    answers = settle(session, short)
+    for _, got in answers:
+        np.testing.assert_array_equal(got["y"], expected)
     report = session.placement_report()
     (bucket,) = report["buckets"]
     assert bucket["bucket"] == {"x": [1, 8, fake_engines.WIDTH]}
@@ -88,35 +113,40 @@ def test_a_live_session_starts_on_onnxruntime_and_switches_when_the_plan_pays(
     # Now on ``close``: within budget of the truth, not the truth itself.
     got = session.run(short)["y"]
     np.testing.assert_allclose(got, fake_engines.close(expected), rtol=1e-6)
-    assert session.placement_report()["buckets"][0]["calls"] == 4
+    (bucket,) = session.placement_report()["buckets"]
+    assert bucket["calls"] == len(answers) + 1
+    assert _live_trial.MIN_TRIAL_PAIRS <= bucket["trial_calls"] <= len(answers)
+    assert "over 5 calls (4.00x)" in bucket["tried"][0]
 
 
 def test_a_plan_that_does_not_pay_is_not_taken_and_warned(
     engines: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(_pays, "time_in_blocks", timed(9.0, 4.0))
+    monkeypatch.setattr(_live_trial, "_timed", timed(9.0, 4.0))
     proto = seq_model()
     session = ferry.load(proto, backends="close,onnxruntime", cache_dir=False)
     short = feeds(8)
-    session.run(short)
-    assert session.placement_settled(30)
+    settle(session, short)
     (bucket,) = session.placement_report()["buckets"]
-    assert bucket["plan"] == "onnxruntime" and "not faster" in bucket["state"]
-    assert "running ONNX Runtime alone" in caplog.text and "9 ms" in caplog.text
+    assert bucket["plan"] == "onnxruntime" and "no plan is faster" in bucket["state"]
+    assert (
+        "running ONNX Runtime alone" in caplog.text and "9 ms vs ONNX Runtime 4 ms" in caplog.text
+    )
     np.testing.assert_array_equal(session.run(short)["y"], truth(proto, short))
 
 
 def test_a_plan_outside_the_judge_is_never_taken(
     engines: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_pays, "time_in_blocks", timed(1.0, 4.0))  # fast, but wrong
+    monkeypatch.setattr(_live_trial, "_timed", timed(1.0, 4.0))  # fast, but wrong
     proto = seq_model()
     session = ferry.load(proto, backends="wrong,onnxruntime", cache_dir=False)
     short = feeds(8)
-    session.run(short)
-    assert session.placement_settled(30)
+    settle(session, short)
     (bucket,) = session.placement_report()["buckets"]
-    assert "failed the judge" in bucket["state"] and not session.placement_report()["switches"]
+    assert "no plan passed the judge" in bucket["state"]
+    assert "outside the accuracy budget" in bucket["tried"][0]
+    assert not session.placement_report()["switches"]
     np.testing.assert_array_equal(session.run(short)["y"], truth(proto, short))
 
 
@@ -125,29 +155,25 @@ def test_buckets_are_learned_apart_and_the_next_load_starts_on_what_was_learned(
 ) -> None:
     calls: list[list[int]] = []
 
-    def by_size(runs: list[Any], inputs: Any, budget_s: float) -> None:
+    def by_size(session: Any, inputs: Any, outputs: Any) -> tuple[Any, float]:
         seq = int(inputs["x"].shape[1])
         calls.append(list(inputs["x"].shape))
-        for contender, session in runs:
-            session.run(dict(inputs))
-            # ``close`` pays on long inputs only.
-            fast = 1.0 if seq > 16 else 9.0
-            contender.latency_ms = fast if contender.label == "plan" else 4.0
+        alone = session.plan.backends == ["onnxruntime"]
+        # ``close`` pays on long inputs only.
+        return session.run(inputs, outputs), 4.0 if alone else (1.0 if seq > 16 else 9.0)
 
-    monkeypatch.setattr(_pays, "time_in_blocks", by_size)
+    monkeypatch.setattr(_live_trial, "_timed", by_size)
     proto = seq_model()
     session = ferry.load(proto, backends="close,onnxruntime", cache_dir=False)
     short, long = feeds(8), feeds(32)
-    session.run(short)
-    session.run(long)
-    assert session.placement_settled(30)
+    settle(session, short, long)
     states = {b["bucket"]["x"][1]: b for b in session.placement_report()["buckets"]}
     assert states[8]["plan"] == "onnxruntime" and states[32]["plan"] == "close"
     np.testing.assert_array_equal(session.run(short)["y"], truth(proto, short))
     np.testing.assert_allclose(
         session.run(long)["y"], fake_engines.close(truth(proto, long)), rtol=1e-6
     )
-    assert len(calls) == 2
+    timed_calls = len(calls)
     # A new load: both buckets known at once, nothing timed again.
     again = ferry.load(proto, backends="close,onnxruntime", cache_dir=False)
     assert isinstance(again, LiveSession)
@@ -156,16 +182,15 @@ def test_buckets_are_learned_apart_and_the_next_load_starts_on_what_was_learned(
     np.testing.assert_allclose(
         again.run(long)["y"], fake_engines.close(truth(proto, long)), rtol=1e-6
     )
-    assert again.placement_settled(5) and len(calls) == 2
+    again.run(short)
+    assert again.placement_settled(5) and len(calls) == timed_calls
 
 
 def test_learning_is_bounded_per_session(engines: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_pays, "time_in_blocks", timed(9.0, 4.0))
+    monkeypatch.setattr(_live_trial, "_timed", timed(9.0, 4.0))
     monkeypatch.setattr(_live, "MAX_BUCKETS", 2)
     session = ferry.load(seq_model(), backends="close,onnxruntime", cache_dir=False)
-    for seq in (2, 3, 4):
-        session.run(feeds(seq))
-    assert session.placement_settled(30)
+    settle(session, feeds(2), feeds(3), feeds(4))
     states = [b["state"] for b in session.placement_report()["buckets"]]
     assert sum("bounded" in s for s in states) == 1
 
@@ -184,8 +209,8 @@ def test_auto_learns_per_bucket_on_the_real_call(
     session = ferry.load(proto, backends="auto", cache_dir=False)
     assert isinstance(session, LiveSession) and session.plan.backends == ["onnxruntime"]
     long = feeds(32, batch=2)
-    np.testing.assert_array_equal(session.run(long)["y"], truth(proto, long))
-    assert session.placement_settled(60)
+    for _, got in settle(session, long):
+        np.testing.assert_array_equal(got["y"], truth(proto, long))
     assert seen == [[2, 32, fake_engines.WIDTH]]
     (bucket,) = session.placement_report()["buckets"]
     assert bucket["plan"] == "close fp32" and bucket["speedup"] > 1
@@ -199,8 +224,7 @@ def test_a_bucket_auto_keeps_on_onnxruntime_says_so(
 
     monkeypatch.setattr(_live, "auto_plan", auto_plan)
     session = ferry.load(seq_model(), backends="auto", cache_dir=False)
-    session.run(feeds(8))
-    assert session.placement_settled(60)
+    settle(session, feeds(8))
     (bucket,) = session.placement_report()["buckets"]
     assert bucket["plan"] == "onnxruntime" and bucket["state"] == "on onnxruntime (auto's choice)"
 
@@ -208,7 +232,7 @@ def test_a_bucket_auto_keeps_on_onnxruntime_says_so(
 def test_fixed_placement_and_a_forced_plan_keep_todays_behaviour(
     engines: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(_pays, "time_in_blocks", timed(9.0, 4.0))
+    monkeypatch.setattr(_pays, "time_in_blocks", blocks(9.0, 4.0))
     proto = seq_model()
     fixed = ferry.load(proto, backends="close,onnxruntime", cache_dir=False, placement="fixed")
     assert not isinstance(fixed, LiveSession) and fixed.plan.backends == ["close"]
@@ -227,13 +251,12 @@ def test_fixed_placement_and_a_forced_plan_keep_todays_behaviour(
 def test_a_known_bucket_costs_a_lookup(engines: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """The live route adds little to a call (measured: ~0.6 us on a 5 us call); the two are
     timed call by call in turn, so a busy machine slows both alike, and the bound is generous."""
-    monkeypatch.setattr(_pays, "time_in_blocks", timed(9.0, 4.0))
+    monkeypatch.setattr(_live_trial, "_timed", timed(9.0, 4.0))
     proto = seq_model()
     live = ferry.load(proto, backends="close,onnxruntime", cache_dir=False)
     plain = ferry.load(proto, cache_dir=False)
     small = feeds(1)
-    live.run(small)
-    assert live.placement_settled(30)
+    settle(live, small)
     times: dict[Any, list[float]] = {live: [], plain: []}
     for _ in range(300):
         for session, spent in times.items():
@@ -272,15 +295,14 @@ def test_what_was_learned_travels_with_the_artifact(
 ) -> None:
     """An artifact ferry made keeps the learned plan in its ferry.json: a load with an empty cache
     (another process, another cache folder) starts the bucket on it."""
-    monkeypatch.setattr(_pays, "time_in_blocks", timed(1.0, 4.0))
+    monkeypatch.setattr(_live_trial, "_timed", timed(1.0, 4.0))
     artifact = tmp_path / "artifact"
     artifact.mkdir()
     proto = seq_model()
     (artifact / "model.onnx").write_bytes(proto.SerializeToString())
     (artifact / "ferry.json").write_text('{"source": "test"}', encoding="utf-8")
     session = ferry.load(artifact / "model.onnx", backends="close,onnxruntime", cache_dir=False)
-    session.run(feeds(8))
-    assert session.placement_settled(30)
+    settle(session, feeds(8))
     kept = json.loads((artifact / "ferry.json").read_text(encoding="utf-8"))
     assert kept["source"] == "test"  # the rest of the report is untouched
     (record,) = kept["placement"]["live"]
@@ -293,8 +315,7 @@ def test_what_was_learned_travels_with_the_artifact(
     plain = tmp_path / "plain.onnx"
     plain.write_bytes(proto.SerializeToString())
     elsewhere = ferry.load(plain, backends="close,onnxruntime", cache_dir=False)
-    elsewhere.run(feeds(4))
-    assert elsewhere.placement_settled(30)
+    settle(elsewhere, feeds(4))
     assert not (tmp_path / "ferry.json").exists()
 
 
@@ -302,7 +323,7 @@ def test_a_follower_adopts_what_its_leader_learns_without_learning(
     engines: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A server's second instance: it never learns, and takes each switch of the first."""
-    monkeypatch.setattr(_pays, "time_in_blocks", timed(1.0, 4.0))
+    monkeypatch.setattr(_live_trial, "_timed", timed(1.0, 4.0))
     proto = seq_model()
     leader = ferry.load(proto, backends="close,onnxruntime", cache_dir=False)
     follower = ferry.load(proto, backends="close,onnxruntime", cache_dir=False)
@@ -312,8 +333,7 @@ def test_a_follower_adopts_what_its_leader_learns_without_learning(
     leader.on_switch(heard.append)
     follower.run(feeds(40))  # sizes only the follower sees: the leader learns them
     assert follower.placement_settled(1)  # the follower itself learns nothing
-    leader.run(feeds(24))
-    assert leader.placement_settled(30)
+    settle(leader, feeds(24), feeds(40))
     assert sorted(s["bucket"]["x"][1] for s in heard) == [24, 40]
     assert all(s["plan"] == "close" and s["plan_dict"]["partitions"] for s in heard)
     by_size = {b["bucket"]["x"][1]: b for b in follower.placement_report()["buckets"]}

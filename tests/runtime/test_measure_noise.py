@@ -40,7 +40,7 @@ class Clock:
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     fake = Clock()
     monkeypatch.setattr(_measure.time, "perf_counter", fake)
-    monkeypatch.setattr(_measure, "_wait_quiet", lambda: None)
+    monkeypatch.setattr(_measure, "wait_quiet", lambda: None)
     return fake
 
 

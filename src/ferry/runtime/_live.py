@@ -10,16 +10,24 @@ included (the verdict caches are keyed by exact sizes, an engine compiled for dy
 fast at one and slow at another, and the judge is run at those sizes: a rounded batch would time
 and judge sizes no call had). The first call of a new bucket (at most :data:`MAX_BUCKETS` per
 session) hands a copy of its inputs to one background daemon thread, which runs the placement for
-that bucket on them:
+that bucket on them: it builds the candidate plans and judges each against ONNX Runtime on the
+sample (:func:`ferry.parity.default_budget`):
 
-- an explicit engine list: the placed plan is judged against ONNX Runtime alone on the sample
-  (:func:`ferry.parity.default_budget`) and timed against it (:func:`ferry.runtime._pays.plan_pays`);
-- ``"auto"``: :func:`ferry.runtime._auto.auto_plan` with the sample as feeds (it judges and times
-  every candidate).
+- an explicit engine list: the placed plan, and each of its engines that takes the whole model
+  alone (:func:`ferry.runtime._pays.single_engine_plans`);
+- ``"auto"``: :func:`ferry.runtime._auto.auto_plan` on the sample, its passing candidates
+  (at most :data:`MAX_CONTENDERS`, fastest first as it measured them).
+
+Which one pays is then measured on the bucket's own calls (:mod:`ferry.runtime._live_trial`):
+each call is answered by ONNX Runtime and also run on one contender in turn, timed as a pair in
+the caller's thread and judged, until the paired ratios decide (at most
+:data:`~ferry.runtime._live_trial.MAX_TRIAL_PAIRS` pairs each). Timing in the background beside
+calls being served measured the contention, not the plan, and kept the wrong engine.
 
 A plan that passes the judge and pays becomes the bucket's plan: later calls of that bucket run on
 it (the switch is one attribute store; a call in flight finishes on the plan it started on). A
-call never gets an answer from a plan not yet checked. What was learned is saved beside the other
+call never gets an answer from a plan not yet checked: while a bucket is on trial its answers are
+ONNX Runtime's, and every contender's answer is judged against them. What was learned is saved beside the other
 verdicts (``live-<model key>-<bucket key>.json``), and in the artifact's ``ferry.json`` when the
 model is one ferry made, so the next load, in this process or another, starts those buckets on
 their learned plan at once.
@@ -29,7 +37,8 @@ Several sessions of one model (a server's instances) learn once: the others are 
 :meth:`LiveSession.on_switch` listeners.
 
 Cost per call on a known bucket: the bucket key (a tuple of the inputs' shapes), one dict lookup,
-one counter increment.
+one counter increment; a trial call runs the model twice (bounded: at most
+``MAX_TRIAL_PAIRS`` such calls per contender).
 """
 
 from __future__ import annotations
@@ -64,7 +73,8 @@ from ferry.runtime._live_store import (
     save_artifact_learned,
     save_learned,
 )
-from ferry.runtime._pays import cached_verdict, plan_pays, single_engine_plans, winning_plan
+from ferry.runtime._live_trial import Contender, Trial
+from ferry.runtime._pays import single_engine_plans
 from ferry.runtime._session import Session
 from ferry.runtime._specs import spec_of
 
@@ -79,8 +89,10 @@ MAX_BUCKETS = 4
 #: Buckets whose calls are counted in the report; calls of further sizes run on the base plan
 #: without being recorded, so a caller cycling through sizes cannot grow the session.
 _MAX_ROUTES = 256
-#: Seconds ``auto`` spends timing candidates for one bucket (as ``ferry.load`` gives it).
-LIVE_AUTO_BUDGET_S = 5.0
+#: Seconds ``auto`` spends timing candidates for one bucket (a first ranking: calls decide).
+LIVE_AUTO_BUDGET_S = 3.0
+#: Candidates put on trial per bucket.
+MAX_CONTENDERS = 3
 
 Bucket = tuple[tuple[int, ...], ...]
 
@@ -136,8 +148,12 @@ class _Route:
     plan_ms: float | None = None
     alone_ms: float | None = None
     switched_at: float | None = None
+    trial: Trial | None = None
+    #: Each contender's outcome in words, once its trial is over.
+    tried: list[str] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
+        trial = self.trial
         return {
             "bucket": self.bucket,
             "plan": self.label,
@@ -147,7 +163,11 @@ class _Route:
             "alone_ms": self.alone_ms,
             "calls": self.calls,
             "switched_at": self.switched_at,
+            "trial_calls": trial.calls if trial is not None else self.trial_calls,
+            "tried": [c.describe() for c in trial.contenders] if trial else list(self.tried),
         }
+
+    trial_calls: int = 0
 
 
 class LiveSession(Session):
@@ -221,7 +241,14 @@ class LiveSession(Session):
             if route is None:
                 return self._run_base(inputs, outputs)
         route.calls += 1
-        return route.session.run(inputs, outputs)
+        trial = route.trial
+        if trial is None:
+            return route.session.run(inputs, outputs)
+        self._checker.check(inputs)  # a bad call is the caller's error, not a contender's
+        answer = trial.run(route.session, inputs, outputs)
+        if trial.decided():
+            self._decide(route, trial)
+        return answer
 
     def _first_call(self, key: Bucket, inputs: Mapping[str, Any]) -> _Route | None:
         self._checker.check(inputs)  # bad inputs fail here, before any learning
@@ -332,8 +359,9 @@ class LiveSession(Session):
                     self._worker = None
                     return
                 key, sample = self._jobs.popleft()
+            on_trial = False
             try:
-                self._learn(key, sample)
+                on_trial = self._learn(key, sample)
             except _Closing:
                 self._routes[key].state = "on onnxruntime (learning stopped at exit)"
             except Exception as e:  # a failed trial must never break serving
@@ -341,29 +369,89 @@ class LiveSession(Session):
                 route.state = f"on onnxruntime (learning failed: {e})"
                 logger.warning("live placement at %s: kept ONNX Runtime: %s", route.bucket, e)
             finally:
-                with self._settled:
-                    self._pending -= 1
-                    self._settled.notify_all()
+                if not on_trial:  # a bucket on trial is decided by its calls (_decide)
+                    self._settle_one()
 
-    def _learn(self, key: Bucket, sample: dict[str, np.ndarray]) -> None:
+    def _learn(self, key: Bucket, sample: dict[str, np.ndarray]) -> bool:
+        """Build and judge the bucket's contenders on ``sample`` and put them on trial; True when
+        the bucket is on trial (its calls decide), False when nothing is worth trying."""
         route = self._routes[key]
         self._check_open()
+        expected = self._run_base(dict(sample))
+        budget, words = default_budget(self.model, expected)
         if self._candidate is None:
-            found = self._learn_auto(sample)
+            offered = self._auto_contenders(sample)
         else:
-            found = self._learn_plan(self._candidate, route, sample)
-        if found is None:
-            if route.state == "learning":  # auto chose ONNX Runtime alone
-                route.state = "on onnxruntime (auto's choice)"
+            offered = self._plan_contenders(self._candidate)
+        contenders, refused = [], []
+        for label, plan in offered:
+            self._check_open()
+            try:
+                session = self._session_of(plan)
+                judged = within_budget(session.run(dict(sample)), expected, budget)
+            except FerryError as e:
+                refused.append(f"{label}: failed ({str(e).splitlines()[0]})")
+                continue
+            if judged.passed:
+                contenders.append(Contender(label, plan, session))
+            else:
+                refused.append(f"{label}: outside the accuracy budget ({words})")
+        route.tried = refused
+        if not contenders:
+            if route.state == "learning":
+                route.state = (
+                    "on onnxruntime (auto's choice)"
+                    if not offered
+                    else "on onnxruntime (no plan passed the judge)"
+                )
+            if refused:
+                logger.warning(
+                    "live placement at %s: ONNX Runtime alone keeps this bucket: %s",
+                    route.bucket,
+                    "; ".join(refused),
+                )
             self._save(None, route)
-            return
-        plan, label, plan_ms, alone_ms = found
-        self._check_open()
-        session = self._session_of(plan)
-        route.label, route.plan_ms, route.alone_ms = label, plan_ms, alone_ms
-        route.speedup = alone_ms / plan_ms if plan_ms else None
-        self._switch(route, session, "measured", plan)
-        self._save(plan, route)
+            return False
+        route.trial = Trial(contenders, budget)
+        route.state = "on trial (calls run ONNX Runtime and a candidate in turn)"
+        return True
+
+    def _decide(self, route: _Route, trial: Trial) -> None:
+        """End ``route``'s trial once (the first call to see it decided does it)."""
+        with self._lock:
+            if route.trial is not trial:
+                return
+            route.trial = None
+            route.trial_calls = trial.calls
+            route.tried = [c.describe() for c in trial.contenders]
+        try:
+            winner = trial.winner()
+            if winner is None:
+                timed = [c for c in trial.contenders if c.ratios]
+                if timed:  # the figures of the closest one, for the report
+                    closest = max(timed, key=lambda c: c.speedup or 0.0)
+                    route.plan_ms, route.alone_ms = closest.medians()
+                    route.speedup = closest.speedup
+                route.state = "on onnxruntime (no plan is faster on its calls)"
+                logger.warning(
+                    "live placement at %s: running ONNX Runtime alone, not the plan asked for: %s",
+                    route.bucket,
+                    "; ".join(route.tried),
+                )
+                self._save(None, route)
+                return
+            route.label = winner.label
+            route.plan_ms, route.alone_ms = winner.medians()
+            route.speedup = winner.speedup
+            self._switch(route, winner.session, f"measured on {trial.calls} calls", winner.plan)
+            self._save(winner.plan, route)
+        finally:
+            self._settle_one()
+
+    def _settle_one(self) -> None:
+        with self._settled:
+            self._pending -= 1
+            self._settled.notify_all()
 
     def _check_open(self) -> None:
         if self._closing:
@@ -381,73 +469,19 @@ class LiveSession(Session):
         if worker is not None:
             worker.join(_STOP_WAIT_S)
 
-    def _learn_plan(
-        self, plan: Plan, route: _Route, sample: dict[str, np.ndarray]
-    ) -> tuple[Plan, str, float, float] | None:
-        """The placed plan when it passes the judge and pays at ``sample``'s sizes; else the
-        fastest of its engines alone when that is not ONNX Runtime (and passes the judge); else
-        None (ONNX Runtime keeps the bucket)."""
-        where = f"{len(plan.partitions)} partition(s) on {', '.join(plan.backends)}"
-        placed = self._session_of(plan)
-        expected = self._run_base(dict(sample))
-        budget, words = default_budget(self.model, expected)
-        judged = within_budget(placed.run(dict(sample)), expected, budget)
-        if not judged.passed:
-            route.state = "on onnxruntime (the plan failed the judge)"
-            logger.warning(
-                "live placement at %s: the plan (%s) is outside the accuracy budget (%s): "
-                "ONNX Runtime alone keeps this bucket",
-                route.bucket,
-                where,
-                words,
-            )
-            return None
-        verdict = cached_verdict(self.model, plan, sample, self.threads)
-        if verdict is None:
-            self._check_open()
-            singles = {
-                name: self._session_of(single)
-                for name, single in single_engine_plans(self.model, plan).items()
-            }
-            verdict = plan_pays(
-                self.model,
-                placed,
-                sample,
-                threads=self.threads,
-                alone=self._plain(),
-                singles=singles,
-            )
-        route.plan_ms, route.alone_ms = verdict.plan_ms, verdict.alone_ms
-        route.speedup = verdict.alone_ms / verdict.plan_ms if verdict.plan_ms else None
-        if verdict.pays:
-            return plan, "+".join(plan.backends), verdict.plan_ms, verdict.alone_ms
-        engine, engine_ms, _ = verdict.fastest_alone
-        if engine != FALLBACK:
-            # The plan asked for is slower than one of its engines running the whole model.
-            single = winning_plan(self.model, plan, verdict)
-            got = self._session_of(single).run(dict(sample))
-            if within_budget(got, expected, budget).passed:
-                logger.warning(
-                    "live placement at %s: running %s alone, not the plan asked for (%s): %s",
-                    route.bucket,
-                    engine,
-                    where,
-                    verdict.describe(),
-                )
-                route.plan_ms = engine_ms
-                route.speedup = verdict.alone_ms / engine_ms if engine_ms else None
-                return single, engine, engine_ms, verdict.alone_ms
-        route.state = "on onnxruntime (the plan is not faster)"
-        logger.warning(
-            "live placement at %s: running ONNX Runtime alone, not the plan asked for (%s): %s",
-            route.bucket,
-            where,
-            verdict.describe(),
-        )
-        return None
+    def _plan_contenders(self, plan: Plan) -> list[tuple[str, Plan]]:
+        """The placed plan, and each of its engines that takes the whole model alone (an
+        explicit plan slower than one of its engines is replaced by that engine)."""
+        offered = [("+".join(plan.backends), plan)]
+        offered += [
+            (f"{name} alone", single)
+            for name, single in single_engine_plans(self.model, plan).items()
+        ]
+        return offered
 
-    def _learn_auto(self, sample: dict[str, np.ndarray]) -> tuple[Plan, str, float, float] | None:
-        """Auto's choice at ``sample`` (judged and timed there), None when it is ONNX Runtime."""
+    def _auto_contenders(self, sample: dict[str, np.ndarray]) -> list[tuple[str, Plan]]:
+        """Auto's passing candidates at ``sample``, fastest first as it measured them (a first
+        ranking: the bucket's calls decide); empty when it keeps ONNX Runtime alone."""
         choice = auto_plan(
             self.model,
             accuracy=self._accuracy,
@@ -458,16 +492,17 @@ class LiveSession(Session):
             source_path=self._source_path,
             cache_dir=self._cache_dir,
         )
-        if set(choice.plan.backends) == {FALLBACK} and len(choice.plan.partitions) == 1:
-            return None
         if choice.session is not None:
             self._built.setdefault(_signature(choice.plan), choice.session)
-        rows = {row["label"]: row for row in choice.table}
-        base = choice.table[0] if choice.table else None  # the baseline row comes first
-        chosen = rows.get(choice.label, {})
-        plan_ms = float(chosen.get("latency_ms") or 0.0)
-        alone_ms = float((base or {}).get("latency_ms") or 0.0)
-        return choice.plan, choice.label, plan_ms, alone_ms
+        if not choice.candidates:  # read from auto's cache: its choice alone
+            alone = set(choice.plan.backends) == {FALLBACK} and len(choice.plan.partitions) == 1
+            return [] if alone else [(choice.label, choice.plan)]
+        passing = sorted(
+            (c for c in choice.candidates[1:] if c.passed and c.error is None),
+            key=lambda c: c.latency_ms,
+        )
+        offered = [(c.label, c.plan) for c in passing[:MAX_CONTENDERS]]
+        return offered
 
     def _switch(self, route: _Route, session: Session, how: str, plan: Plan) -> None:
         route.session = session  # one store: calls in flight keep the session they hold

@@ -47,6 +47,7 @@ __all__ = [
     "time_in_blocks",
     "timing_feeds",
     "verdicts_dir",
+    "wait_quiet",
 ]
 
 logger = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ def block_stats(runs: Sequence[Callable[[], Any]], budget_s: float) -> list[Bloc
     (:func:`_ranking`), or about ``budget_s`` is spent (at least :data:`_MIN_ROUNDS` rounds).
 
     Each block waits first until no engine thread of this process is still running
-    (:func:`_wait_quiet`): measured on two cores, ONNX Runtime's intra-op threads spin for about
+    (:func:`wait_quiet`): measured on two cores, ONNX Runtime's intra-op threads spin for about
     40 ms after its last call (a whole core), and OpenVINO timed right after it ran 18% slower
     on a 224x224 orientation classifier (4.58 ms against 3.88 ms alone); waiting, 3.89 ms. A
     block lasts about :data:`_BLOCK_S` (at least one call) and starts with a tenth as many
@@ -150,7 +151,7 @@ def block_stats(runs: Sequence[Callable[[], Any]], budget_s: float) -> list[Bloc
     while rounds < _MIN_ROUNDS or (time.perf_counter() < deadline and rounds < 200):
         for i in order:
             n, lead = calls[i]
-            _wait_quiet()
+            wait_quiet()
             for _ in range(lead):
                 runs[i]()
             start = time.perf_counter()
@@ -188,7 +189,7 @@ def _stats(blocks: Sequence[float]) -> BlockStats:
     return BlockStats(median, noise, len(blocks))
 
 
-def _wait_quiet() -> None:
+def wait_quiet() -> None:
     """Wait until this process's threads are idle (an engine's pool that spins after its calls
     has stopped), at most :data:`_QUIET_MAX_S`: other processes' load is not ours to wait for."""
     end = time.perf_counter() + _QUIET_MAX_S
