@@ -112,8 +112,8 @@ parameters { key: "ferry_precision" value: { string_value: "fp32" } }
 REFUSED: dict[str, tuple[str, str]] = {
     "sequence_onnx": (
         'platform: "onnxruntime_onnx"\nmax_batch_size: 4\n'
-        "sequence_batching { max_sequence_idle_microseconds: 5000000 }\n",
-        "sequence_batching",
+        'sequence_batching { control_input [ { name: "START" } ] }\n',
+        "control_input",
     ),
     "gpu_onnx": (
         'platform: "onnxruntime_onnx"\ninstance_group [ { count: 1 kind: KIND_GPU gpus: [ 0 ] } ]\n',

@@ -108,7 +108,10 @@ def test_engines_from_backend_and_parameters() -> None:
         ('backend: "pytorch"', "backend 'pytorch'"),
         ('platform: "onnxruntime_onnx" backend: "openvino"', "disagree"),
         ('runtime: "model.py"', "runtime"),
-        ("max_batch_size: 4 sequence_batching { }", "sequence_batching"),
+        (
+            'max_batch_size: 4 sequence_batching { control_input [ { name: "START" } ] }',
+            "control_input",
+        ),
         ("max_batch_size: 4 dynamic_batching { priority_levels: 2 }", "priority_levels"),
         (
             "max_batch_size: 4 dynamic_batching { default_queue_policy { max_queue_size: 3 } }",

@@ -24,6 +24,14 @@ from ferry.serving import DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
     help="Port to listen on (0: a free one).",
 )
 @click.option(
+    "--grpc-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    metavar="PORT",
+    help="Also serve Triton's gRPC protocol (tritonclient.grpc, perf_analyzer -i grpc) on this "
+    "port, from the same models (0: a free one; Triton's is 8001). Default: HTTP only.",
+)
+@click.option(
     "--backends",
     default=None,
     metavar="NAMES",
@@ -117,6 +125,7 @@ def command(
     source: Path,
     host: str,
     port: int,
+    grpc_port: int | None,
     backends: str | None,
     precision: str | None,
     optimize: str,
@@ -148,13 +157,20 @@ def command(
     Examples:
       ferry serve model.onnx
       ferry serve models/ --port 8000 --poll 5
+      ferry serve models/ --grpc-port 8001     # HTTP on 8000, gRPC on 8001
       ferry serve models/ --backends openvino --precision bf16
       ferry serve models/ --explicit --load mlp --api-key "$KEY"
       ferry serve site/                   # a web bundle: its page at /web/site/
       ferry serve smollm/ --max-num-seqs 16 --kv-cache-mib 1024   # a decoder: the OpenAI API
     """
     from ferry.errors import FerryError
-    from ferry.serving import GenerationSettings, ServerThread, create_app, sigterm_interrupts
+    from ferry.serving import (
+        GenerationSettings,
+        GrpcServer,
+        ServerThread,
+        create_app,
+        sigterm_interrupts,
+    )
 
     app = create_app(
         source,
@@ -185,9 +201,12 @@ def command(
     server = ServerThread(
         app, host=host, port=port, log_level="warning", drain_timeout=drain_timeout
     )
+    grpc_server = None
     with sigterm_interrupts():
         try:
             server.start()
+            if grpc_port is not None:
+                grpc_server = GrpcServer(app, host, grpc_port, drain_timeout=drain_timeout).start()
             if state.startup_error is not None:
                 raise FerryError(f"the server failed to start: {state.startup_error}")
             rows = state.index(engines=True)
@@ -196,6 +215,8 @@ def command(
                 reasons = "; ".join(f"{r['name']}: {r['reason']}" for r in rows if r["reason"])
                 raise FerryError(f"no model could be loaded ({reasons or 'nothing to serve'})")
             console.print(f"serving on [bold]{escape(server.url)}[/] (KServe v2; Ctrl-C to stop)")
+            if grpc_server is not None:
+                console.print(f"gRPC on [bold]{escape(grpc_server.address)}[/] (Triton's protocol)")
             _print_models(rows)
             _print_web(server.url, app.state.ferry_web, [r["name"] for r in rows])
             server.wait(
@@ -203,13 +224,16 @@ def command(
             )
         finally:
             server.stop()
-    if server.drained and not server.cut_off:
-        s = "" if server.drained == 1 else "s"
+    # gRPC's RPCs drain with HTTP's requests (the HTTP server's drain stops both).
+    drained = server.drained + (grpc_server.drained if grpc_server else 0)
+    cut_off = server.cut_off + (grpc_server.cut_off if grpc_server else 0)
+    if drained and not cut_off:
+        s = "" if drained == 1 else "s"
         console.print(
-            f"drained: {server.drained} request{s} in flight finished in {server.drain_seconds:.2f} s"
+            f"drained: {drained} request{s} in flight finished in {server.drain_seconds:.2f} s"
         )
     console.print("stopped")
-    if server.cut_off or server.forced:
+    if cut_off or server.forced:
         # Engine runs that were cut off cannot be stopped: exit now rather than wait for them at
         # interpreter exit (and tear down engines that may still be running).
         _exit_now(130 if server.forced else 0)

@@ -67,6 +67,7 @@ if TYPE_CHECKING:
         GenerativeVersion,
         load_generative,
     )
+    from ferry.serving._grpc import DEFAULT_GRPC_PORT, GrpcServer
     from ferry.serving._http import (
         DEFAULT_MAX_REQUEST_BYTES,
         HTTPError,
@@ -112,6 +113,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DATATYPES",
     "DEFAULT_DRAIN_TIMEOUT",
+    "DEFAULT_GRPC_PORT",
     "DEFAULT_MAX_BATCH_SIZE",
     "DEFAULT_MAX_REQUEST_BYTES",
     "DEFAULT_QUEUE_DELAY_US",
@@ -127,6 +129,7 @@ __all__ = [
     "GenerationMetrics",
     "GenerationSettings",
     "GenerativeVersion",
+    "GrpcServer",
     "HTTPError",
     "InferRequest",
     "Instance",
@@ -190,6 +193,7 @@ _MODULES = (
     "_repository",
     "_state",
     "_app",
+    "_grpc",
 )
 
 

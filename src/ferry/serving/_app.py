@@ -301,20 +301,23 @@ async def _ready(request: Request) -> Response:
 
     Ready: started, not draining, and with strict readiness every model that should be loaded
     READY (:meth:`ModelRepository.unready`)."""
-    state = _state(request)
-    if state.draining:
-        reasons = ["the server is shutting down"]
-    elif state.startup_error is not None:
-        reasons = [f"the server failed to start its models: {state.startup_error}"]
-    elif not state.ready:
-        reasons = ["the server is starting: its models are loading"]
-    elif state.strict_readiness:
-        reasons = state.repository.unready()
-    else:
-        reasons = []
+    reasons = ready_reasons(_state(request))
     if not reasons:
         return _json({"ready": True})
     return _json({"ready": False, "reason": "; ".join(reasons)}, 400)
+
+
+def ready_reasons(state: ServingState) -> list[str]:
+    """Why the server is not ready (none: ready); HTTP's and gRPC's readiness."""
+    if state.draining:
+        return ["the server is shutting down"]
+    if state.startup_error is not None:
+        return [f"the server failed to start its models: {state.startup_error}"]
+    if not state.ready:
+        return ["the server is starting: its models are loading"]
+    if state.strict_readiness:
+        return state.repository.unready()
+    return []
 
 
 async def _model_metadata(request: Request) -> Response:

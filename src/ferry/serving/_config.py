@@ -182,6 +182,9 @@ class ModelConfig:
     model_filename: str | None = None
     source: str | None = None
     warnings: tuple[str, ...] = ()
+    #: ``sequence_batching``: the model is stateful (:mod:`ferry.serving._sequence`); None: not
+    #: declared (``state:*`` inputs still make it stateful).
+    sequence_batching: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,6 +208,7 @@ _KEYS = {
     "optimize",
     "placement",
     "version_policy",
+    "sequence_batching",
 }
 _BATCHING_KEYS = {"max_queue_delay_microseconds", "preferred_batch_size"}
 _INSTANCE_KEYS = {"count", "kind", "name"}
@@ -300,7 +304,14 @@ def parse_config(data: Any, name: str, *, source: str = "config") -> ModelConfig
         optimize=optimize,
         placement=placement,
         version_policy=_version_policy(data.get("version_policy"), where),
+        sequence_batching=_sequence_batching(data.get("sequence_batching"), where),
     )
+
+
+def _sequence_batching(data: Any, where: str) -> Any:
+    from ferry.serving._sequence import parse_sequence_batching  # it uses this module's helpers
+
+    return None if data is None else parse_sequence_batching(data, where)
 
 
 def check_precision(

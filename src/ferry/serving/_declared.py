@@ -8,6 +8,7 @@ show the declared dims: what clients send and receive.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -63,14 +64,18 @@ class DeclaredVersion(ModelVersion):
         return super().prepare(request)
 
     async def infer(
-        self, feeds: dict[str, np.ndarray], outputs: list[str] | None, batch: int
+        self,
+        feeds: dict[str, np.ndarray],
+        outputs: list[str] | None,
+        batch: int,
+        parameters: Mapping[str, Any] | None = None,
     ) -> BatchOutcome:
         """:meth:`ModelVersion.infer`, then the outputs with a ``reshape`` reshaped to their dims.
 
         Raises:
             ExecutionError: the engine failed, or an output does not fit its declared dims.
         """
-        outcome = await super().infer(feeds, outputs, batch)
+        outcome = await super().infer(feeds, outputs, batch, parameters)
         for name, declared in self._reshaped_outputs.items():
             array = outcome.outputs.get(name)
             if array is None:

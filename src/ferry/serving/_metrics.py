@@ -135,6 +135,12 @@ class Metrics:
             [*labels, "bucket"],
             registry=self.registry,
         )
+        self.sequences = Gauge(
+            "ferry_sequences_active",
+            "Sequences of a stateful model whose state the server holds (sequence batching).",
+            labels,
+            registry=self.registry,
+        )
         #: The recorders whose queued updates :meth:`flush` applies.
         self._recorders: list[VersionRecorder] = []
 
@@ -300,6 +306,11 @@ class VersionRecorder:
         for total_ns, queue_ns in queued:
             request(total_ns / 1e9)
             queue(queue_ns / 1e9)
+
+    def sequences(self, active: int) -> None:
+        """A stateful model version now holds ``active`` sequences."""
+        if self._metrics is not None:
+            self._metrics.sequences.labels(*self._labels).set(active)
 
     def failure(self, *, total_ns: int, status: int) -> None:
         """A request answered with an error."""

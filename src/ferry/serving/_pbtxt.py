@@ -10,13 +10,14 @@ What ferry does with each field:
   against the model: names, ``data_type``, ``dims`` with -1 for variable; requests must fit the
   declared dims), ``reshape`` (requests are reshaped to the model's shape and outputs back),
   ``format`` (shown by ``/config``), ``dynamic_batching`` (``preferred_batch_size``,
-  ``max_queue_delay_microseconds``), ``instance_group`` (``count``, ``kind`` KIND_CPU or
-  KIND_AUTO, ``name``), ``version_policy``, ``default_model_filename``, and the ``parameters``
+  ``max_queue_delay_microseconds``), ``sequence_batching`` (``state``,
+  ``max_sequence_idle_microseconds``; control inputs refused), ``instance_group`` (``count``,
+  ``kind`` KIND_CPU or KIND_AUTO, ``name``), ``version_policy``, ``default_model_filename``, and the ``parameters``
   ``ferry_backends`` (``"openvino,onnxruntime"``), ``ferry_precision`` (``"bf16"``) and
   ``ferry_optimize`` (``"basic"``: config.json's ``optimize``).
 - refused (the model does not load; the index says why): fields that change what the model
   computes or how requests are answered: another platform or backend, ``runtime``,
-  ``sequence_batching``, ``ensemble_scheduling``, ``batch_input``/``batch_output``, the dynamic
+  ``ensemble_scheduling``, ``batch_input``/``batch_output``, the dynamic
   batcher's priorities and queue policies, KIND_GPU/KIND_MODEL instances, ``gpus``,
   ``secondary_devices``, ``passive`` instances, optional/shape/ragged/non-linear-format tensors,
   ``optimization.execution_accelerators`` (name engines with ``ferry_backends`` instead),
@@ -72,13 +73,12 @@ _HONOURED = {
     "parameters",
     "optimization",  # execution_accelerators refused, the rest warned about (below)
     "model_transaction_policy",  # decoupled refused (below)
+    "sequence_batching",  # checked as config.json's (ferry.serving._sequence)
 }
 _REFUSED = {
     "runtime": "a backend runtime library is Triton's; ferry runs ONNX models on its engines",
     "batch_input": "ragged batching inputs change what the model receives",
     "batch_output": "ragged batching outputs change what clients receive",
-    "sequence_batching": "stateful sequence batching (correlation ids, control inputs) is not "
-    "supported",
     "ensemble_scheduling": "ensembles are not supported; serve each model on its own",
     "model_operations": "custom operation libraries cannot be loaded",
     "model_repository_agents": "repository agents (checksums, decryption) are not supported",
@@ -219,6 +219,12 @@ class _Mapper:
             data["dynamic_batching"] = self.dynamic_batching()
         elif m.max_batch_size > 1 and not declared:
             data["dynamic_batching"] = {}  # what Triton's ONNX Runtime backend completes
+        if m.HasField("sequence_batching"):
+            from google.protobuf import json_format
+
+            data["sequence_batching"] = json_format.MessageToDict(
+                m.sequence_batching, preserving_proto_field_name=True
+            )
         if m.instance_group:
             data["instance_group"] = [self.instance_group(g) for g in m.instance_group]
         if m.HasField("version_policy"):

@@ -23,7 +23,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ from ferry.serving._codec import InferRequest, RequestedOutput, datatype_of
 from ferry.serving._config import ModelConfig, ResolvedConfig, batch_dim_problem, resolve_config
 from ferry.serving._metrics import VersionRecorder
 from ferry.serving._rows import rows_interact
+from ferry.serving._sequence import SequenceBatcher, SequencePlan, sequence_plan, visible
 
 __all__ = [
     "Instance",
@@ -124,6 +125,8 @@ class LoadedModel:
     output_types: dict[str, str]
     precision: str | None = None
     precisions: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: A stateful model's state (:func:`ferry.serving._sequence.sequence_plan`); None: stateless.
+    sequence: SequencePlan | None = None
 
     @property
     def precision_text(self) -> str:
@@ -240,6 +243,7 @@ def load_version(
         output_types=output_types,
         precision=precision,
         precisions=_engine_precisions(first),
+        sequence=sequence_plan(name, config, first, resolved.max_batch_size > 0),
     )
     if warmup:
         error = warm_up(loaded, probe)
@@ -472,6 +476,13 @@ class ModelVersion:
         self.outputs = loaded.outputs
         self.input_types = loaded.input_types
         self.output_types = loaded.output_types
+        # A stateful model's state stays on the server: clients neither send nor see it.
+        self.sequence = loaded.sequence
+        if self.sequence is not None:
+            self.inputs, self.input_types = visible(self.sequence, self.inputs, self.input_types)
+            self.outputs, self.output_types = visible(
+                self.sequence, self.outputs, self.output_types
+            )
         self._output_names = [s.name for s in self.outputs]
         self._output_set = frozenset(self._output_names)
         self._string_inputs = frozenset(n for n, t in self.input_types.items() if t == "BYTES")
@@ -496,6 +507,9 @@ class ModelVersion:
                 preferred_batch_sizes=self.resolved.preferred_batch_sizes,
                 on_execution=self._record_execution,
             )
+        self.sequencer: SequenceBatcher | None = None
+        if self.sequence is not None:
+            self.sequencer = SequenceBatcher(self.sequence, self._run, recorder.sequences)
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -509,6 +523,8 @@ class ModelVersion:
         return "onnxruntime_onnx" if self.loaded.backends[0] == "onnxruntime" else "ferry"
 
     def start(self) -> None:
+        if self.sequencer is not None:
+            self.sequencer.start()
         if self.batcher is not None:
             self.batcher.start()
 
@@ -532,6 +548,8 @@ class ModelVersion:
         self.closed = True
         while self._in_flight:  # an Event wakes its waiter even when cleared again meanwhile
             await self._idle.wait()
+        if self.sequencer is not None:
+            await self.sequencer.close()
         if self.batcher is not None:
             await self.batcher.close()
         self.pool.shutdown()
@@ -613,13 +631,28 @@ class ModelVersion:
         return [r.name for r in requested], sends
 
     async def infer(
-        self, feeds: dict[str, np.ndarray], outputs: list[str] | None, batch: int
+        self,
+        feeds: dict[str, np.ndarray],
+        outputs: list[str] | None,
+        batch: int,
+        parameters: Mapping[str, Any] | None = None,
     ) -> BatchOutcome:
         """Run one request: through the batcher, or alone on the next free instance.
 
+        ``parameters``: the request's (a stateful model's ``sequence_id``, ``sequence_start``,
+        ``sequence_end``: :mod:`ferry.serving._sequence`).
+
         Raises:
             ExecutionError: the engine failed on this request.
+            InvalidInputError: a stateful model's request names no active sequence.
         """
+        if self.sequencer is not None:
+            return await self.sequencer.submit(feeds, outputs, batch, parameters or {})
+        return await self._run(feeds, outputs, batch)
+
+    async def _run(
+        self, feeds: dict[str, np.ndarray], outputs: Sequence[str] | None, batch: int
+    ) -> BatchOutcome:
         if self.batcher is not None:
             return await self.batcher.submit(feeds, outputs, batch)
         arrival = time.perf_counter_ns()

@@ -261,12 +261,17 @@ async def _drain(server: Any, owner: ServerThread) -> None:
     deadline = None if timeout is None else started + timeout
     for listener in getattr(server, "servers", []):
         listener.close()  # new connections are refused from here on
+    # Other servers on the app's state (gRPC) drain alongside, to the same deadline.
+    state = getattr(getattr(owner.app, "state", None), "ferry", None)
+    others = [asyncio.ensure_future(o.drain(deadline)) for o in getattr(state, "listeners", [])]
     tasks: set[Any] = server.server_state.tasks  # uvicorn's: one per request being answered
     in_flight = len(tasks)
     while tasks and not server.force_exit:
         if deadline is not None and time.monotonic() >= deadline:
             break
         await asyncio.sleep(_DRAIN_POLL_S)
+    if others and not server.force_exit:
+        await asyncio.wait(others)
     owner.drain_seconds = time.monotonic() - started
     if server.force_exit:
         return

@@ -91,6 +91,9 @@ class ServingState:
         self.cut_off = False
         #: The event loop serving the app (set when it starts).
         self.loop: asyncio.AbstractEventLoop | None = None
+        #: Other servers on this state (gRPC): ``async drain(deadline)``, called by the HTTP
+        #: server's drain with its deadline (``time.monotonic``; None: no limit).
+        self.listeners: list[Any] = []
         self._startup: asyncio.Task[None] | None = None
 
     @property
