@@ -28,11 +28,14 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from ferry.errors import ExecutionError
+
+if TYPE_CHECKING:
+    from ferry.serving._admission import Ticket
 
 __all__ = [
     "BatchOutcome",
@@ -212,9 +215,10 @@ class QueuedRequest:
 
 
 class _Item(QueuedRequest):
-    """A request in the dynamic batcher's queue, with the future its caller awaits."""
+    """A request in the dynamic batcher's queue, with the future its caller awaits, and its
+    admission ticket (its timeout) when it has one."""
 
-    __slots__ = ("future",)
+    __slots__ = ("delayed", "future", "ticket", "timer")
 
     def __init__(
         self,
@@ -222,9 +226,15 @@ class _Item(QueuedRequest):
         outputs: tuple[str, ...] | None,
         size: int,
         future: asyncio.Future[BatchOutcome],
+        ticket: Ticket | None = None,
     ) -> None:
         super().__init__(feeds, outputs, size)
         self.future = future
+        self.ticket = ticket
+        #: Expires the request while it waits (its ticket's deadline); None: no timeout.
+        self.timer: asyncio.TimerHandle | None = None
+        #: Its timeout passed with the DELAY action: it runs after those still in time.
+        self.delayed = False
 
 
 async def execute_batch(
@@ -297,6 +307,8 @@ class DynamicBatcher:
         self._waiter: asyncio.Future[None] | None = None
         #: Rows queued in all (any shape): a wait for a fuller batch is woken only when it can fill.
         self._rows = 0
+        #: Requests queued past their timeout with the DELAY action.
+        self._delayed = 0
         self._min_preferred = min(self._preferred, default=max_batch_size)
         #: Executions under way, with their requests.
         self._running: dict[asyncio.Task[None], list[_Item]] = {}
@@ -328,21 +340,32 @@ class DynamicBatcher:
         return len(self._pending)
 
     async def submit(
-        self, feeds: dict[str, np.ndarray], outputs: Sequence[str] | None, size: int
+        self,
+        feeds: dict[str, np.ndarray],
+        outputs: Sequence[str] | None,
+        size: int,
+        ticket: Ticket | None = None,
     ) -> BatchOutcome:
         """Queue one request (``size`` rows, at most ``max_batch_size``) and wait for its outputs.
 
+        ``ticket``: its admission (:mod:`ferry.serving._admission`): told when the request
+        starts; past its deadline a request still queued is answered its timeout error and
+        never runs (or, with DELAY, runs after the requests still in time).
+
         Raises:
-            Whatever the model raised for this request (ExecutionError...).
+            Whatever the model raised for this request (ExecutionError...), QueueTimeoutError.
         """
         if self._closing:
             raise RuntimeError("the batcher is closed")
         if not 1 <= size <= self.max_batch_size:
             raise ValueError(f"batch of {size} rows; the batcher takes 1 to {self.max_batch_size}")
-        future: asyncio.Future[BatchOutcome] = asyncio.get_running_loop().create_future()
-        self._pending.append(
-            _Item(feeds, None if outputs is None else tuple(outputs), size, future)
-        )
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[BatchOutcome] = loop.create_future()
+        item = _Item(feeds, None if outputs is None else tuple(outputs), size, future, ticket)
+        if ticket is not None and ticket.deadline_ns is not None:
+            remaining = (ticket.deadline_ns - time.perf_counter_ns()) / 1e9
+            item.timer = loop.call_later(max(0.0, remaining), self._expire, item)
+        self._pending.append(item)
         self._rows += size
         waiter = self._waiter
         if waiter is not None and (self._rows >= self._min_preferred or len(self._pending) == 1):
@@ -399,13 +422,15 @@ class DynamicBatcher:
     def _drop_gone(self) -> None:
         """Drop the oldest requests whose callers went away (cancelled)."""
         while self._pending and self._pending[0].future.done():
-            self._rows -= self._pending.popleft().size
+            gone = self._pending.popleft()
+            self._rows -= gone.size
+            self._delayed -= gone.delayed
 
     async def _form_batch(self) -> list[_Item]:
         self._drop_gone()
         if not self._pending:
             return []
-        head = self._pending[0]
+        head = self._head()
         deadline = head.arrival_ns + self._delay_ns
         while True:
             chosen, total, preferred = self._select(head.key)
@@ -427,6 +452,12 @@ class DynamicBatcher:
         taken = {id(item) for item in chosen}
         self._pending = collections.deque(i for i in self._pending if id(i) not in taken)
         self._rows -= sum(item.size for item in chosen)
+        for item in chosen:
+            if item.timer is not None:
+                item.timer.cancel()
+            self._delayed -= item.delayed
+            if item.ticket is not None:
+                item.ticket.start()
         return chosen
 
     async def _sleep(self, timeout: float | None) -> None:
@@ -444,6 +475,26 @@ class DynamicBatcher:
     def _wake(self) -> None:
         if self._waiter is not None:
             _resolve(self._waiter)
+
+    def _expire(self, item: _Item) -> None:
+        """``item``'s timeout passed: answer it (or, DELAY, put it behind those in time)."""
+        item.timer = None
+        if item.future.done() or item.ticket is None or item not in self._pending:
+            return  # answered, or taken into a batch: a request that runs finishes
+        if item.ticket.delay:
+            item.delayed = True
+            self._delayed += 1
+        else:
+            item.future.set_exception(item.ticket.expire())
+
+    def _head(self) -> _Item:
+        """The request the next batch forms around: the oldest still in time (DELAY puts
+        those past their timeout behind), else the oldest."""
+        if self._delayed:
+            for item in self._pending:
+                if not item.delayed and not item.future.done():
+                    return item
+        return self._pending[0]
 
     def _share(self, chosen: list[_Item], total: int) -> list[_Item]:
         """``chosen`` cut to its share when other instances are idle: the rows split evenly
@@ -468,7 +519,10 @@ class DynamicBatcher:
         chosen: list[_Item] = []
         total = 0
         best = 0  # length of the longest prefix whose rows make a preferred size
-        for item in self._pending:
+        queue: Any = self._pending
+        if self._delayed:  # those past their timeout (DELAY) after those in time
+            queue = [i for i in queue if not i.delayed] + [i for i in queue if i.delayed]
+        for item in queue:
             if item.key != key or total + item.size > self.max_batch_size or item.future.done():
                 continue
             chosen.append(item)
