@@ -63,6 +63,12 @@ from ferry.serving import DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
     "the plan made at load. A config.json 'placement' wins.",
 )
 @click.option(
+    "--isolate",
+    is_flag=True,
+    help="Run each model's instances in worker processes: an engine that crashes (a segfault) "
+    "takes only its model down, until its worker is restarted. A config.json 'isolate' wins.",
+)
+@click.option(
     "--api-key",
     envvar="FERRY_API_KEY",
     default=None,
@@ -130,6 +136,7 @@ def command(
     precision: str | None,
     optimize: str,
     placement: str,
+    isolate: bool,
     api_key: str | None,
     max_request_bytes: int,
     poll: float | None,
@@ -178,6 +185,7 @@ def command(
         precision=precision,
         optimize=None if optimize == "none" else optimize,
         placement=placement,
+        isolate=isolate,
         api_key=api_key,
         max_request_bytes=max_request_bytes,
         poll_interval=poll,

@@ -93,6 +93,7 @@ def create_app(
     threads: int | None = None,
     generation: GenerationSettings | None = None,
     placement: str | None = None,
+    isolate: bool = False,
 ) -> Starlette:
     """The ASGI app serving a model repository, a model file or an artifact folder.
 
@@ -130,6 +131,8 @@ def create_app(
         placement: ``"live"`` (default: with several engines and sizes unknown, a model learns
             its plan from the calls it serves) or ``"fixed"``, for models whose config names
             none.
+        isolate: run each model's instances in worker processes that are restarted when they
+            crash (a config.json ``"isolate"`` wins): see :mod:`ferry.serving._isolate`.
 
     Raises:
         ModelLoadError: the source does not exist or is not a model, artifact or repository.
@@ -158,6 +161,7 @@ def create_app(
         precision=precision,
         optimize=optimize,
         placement=placement,
+        isolate=isolate,
         poll_interval=poll_interval,
         explicit=explicit,
         load=load,

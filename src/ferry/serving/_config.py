@@ -182,6 +182,8 @@ class ModelConfig:
     model_filename: str | None = None
     source: str | None = None
     warnings: tuple[str, ...] = ()
+    #: Run the instances in worker processes (:mod:`ferry.serving._isolate`); None: the server's.
+    isolate: bool | None = None
     #: ``sequence_batching``: the model is stateful (:mod:`ferry.serving._sequence`); None: not
     #: declared (``state:*`` inputs still make it stateful).
     sequence_batching: Any = None
@@ -208,6 +210,7 @@ _KEYS = {
     "optimize",
     "placement",
     "version_policy",
+    "isolate",
     "sequence_batching",
 }
 _BATCHING_KEYS = {"max_queue_delay_microseconds", "preferred_batch_size"}
@@ -304,6 +307,7 @@ def parse_config(data: Any, name: str, *, source: str = "config") -> ModelConfig
         optimize=optimize,
         placement=placement,
         version_policy=_version_policy(data.get("version_policy"), where),
+        isolate=_flag(data.get("isolate"), "isolate", where),
         sequence_batching=_sequence_batching(data.get("sequence_batching"), where),
     )
 
@@ -312,6 +316,12 @@ def _sequence_batching(data: Any, where: str) -> Any:
     from ferry.serving._sequence import parse_sequence_batching  # it uses this module's helpers
 
     return None if data is None else parse_sequence_batching(data, where)
+
+
+def _flag(value: Any, key: str, where: str) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"{where}: {key!r} must be true or false, got {value!r}")
+    return value
 
 
 def check_precision(

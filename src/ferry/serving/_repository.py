@@ -50,6 +50,7 @@ from ferry.serving._config import (
 from ferry.serving._config_file import read_config
 from ferry.serving._declared import DeclaredVersion
 from ferry.serving._generative import GenerationSettings, GenerativeVersion, load_generative
+from ferry.serving._isolate import down_reason, load_isolated
 from ferry.serving._metrics import Metrics, VersionRecorder
 from ferry.serving._pipeline import is_pipeline_file, load_pipeline, pipeline_down, pipeline_files
 from ferry.serving._repository_files import (
@@ -137,6 +138,8 @@ class ModelRepository:
             (see :func:`load_version`); None: the cores shared out.
         placement: ``"live"`` or ``"fixed"`` for models whose config names none (None: live;
             see ``ferry.load``).
+        isolate: run every model's instances in worker processes (:mod:`ferry.serving._isolate`;
+            a config's ``"isolate"`` asks it for one model).
 
     Raises:
         ModelLoadError: the source does not exist or is not a model, artifact or repository.
@@ -159,6 +162,7 @@ class ModelRepository:
         threads: int | None = None,
         generation: GenerationSettings | None = None,
         placement: str | None = None,
+        isolate: bool = False,
     ) -> None:
         path = Path(source)
         if placement is not None:
@@ -180,6 +184,7 @@ class ModelRepository:
         self.precision = precision
         self.optimize = optimize
         self.placement = placement
+        self.isolate = isolate
         self.poll_interval = poll_interval
         self.explicit = explicit
         self.warmup = warmup
@@ -639,8 +644,9 @@ class ModelRepository:
                     )
                 )
             else:
+                isolate = self.isolate if config.isolate is None else config.isolate
                 loaded = await self._run_blocking(
-                    lambda: load_version(
+                    lambda: (load_isolated if isolate else load_version)(
                         name,
                         path,
                         config,
@@ -690,8 +696,9 @@ def _row(name: str, version: str, state: str, reason: str) -> dict[str, str]:
 
 
 def _up(name: str, version: ModelVersion) -> ModelVersion:
-    """``version``, unless it cannot serve now (a pipeline whose step's model is not ready)."""
-    why = pipeline_down(version)
+    """``version``, unless it cannot serve now (an isolated model restarting its worker, a
+    pipeline whose step's model is not ready)."""
+    why = down_reason(version) or pipeline_down(version)
     if why is not None:
         raise ModelNotReadyError(f"model {name!r} version {version.version} is unavailable: {why}")
     return version
@@ -701,5 +708,5 @@ def _state(entry: _Entry, number: int) -> tuple[str, str]:
     """A version's state and reason; a READY one that cannot serve now is UNAVAILABLE."""
     state, reason = entry.states[number]
     served = entry.serving.get(number)
-    why = None if served is None else pipeline_down(served)
+    why = None if served is None else down_reason(served) or pipeline_down(served)
     return (UNAVAILABLE, why) if state == READY and why is not None else (state, reason)

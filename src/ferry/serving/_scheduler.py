@@ -127,6 +127,8 @@ class LoadedModel:
     precisions: dict[str, str] = dataclasses.field(default_factory=dict)
     #: A stateful model's state (:func:`ferry.serving._sequence.sequence_plan`); None: stateless.
     sequence: SequencePlan | None = None
+    #: The worker processes of an isolated version (:class:`ferry.serving._isolate.Isolation`).
+    isolation: Any = None
 
     @property
     def precision_text(self) -> str:
@@ -179,6 +181,7 @@ def load_version(
     cores: int | None = None,
     threads: int | None = None,
     placement: str | None = None,
+    spawn: Callable[..., Any] | None = None,
 ) -> LoadedModel:
     """Load ``instance_count`` sessions of a model version, check its config, and warm it up.
 
@@ -186,7 +189,9 @@ def load_version(
     ``placement`` are the server's, for a config that names none. An optimization that is refused (it computes
     something else or runs slower) leaves the model as it is, with a warning. ``threads``: the
     engine threads of each instance, and one instance unless the config says how many (a Ray
-    Serve replica's share); None: the cores shared out (:func:`engine_threads`).
+    Serve replica's share); None: the cores shared out (:func:`engine_threads`). ``spawn``:
+    makes each instance in place of ``ferry.runtime.load``, given its options (a worker process:
+    :func:`ferry.serving._isolate.load_isolated`).
 
     Raises:
         FerryError: the model cannot be loaded, a backend is missing, the config does not fit,
@@ -209,7 +214,7 @@ def load_version(
         threads = engine_threads(config.instance_count or 1, cores)
 
     def instance() -> Any:
-        return load(
+        return (spawn or load)(
             source, backends=names, threads=threads, precision=precision, placement=placement
         )
 
@@ -553,6 +558,8 @@ class ModelVersion:
         if self.batcher is not None:
             await self.batcher.close()
         self.pool.shutdown()
+        if self.loaded.isolation is not None:  # stopping workers blocks for a moment
+            await asyncio.get_running_loop().run_in_executor(None, self.loaded.isolation.close)
         self.loaded.sessions = []
 
     # -- the request path ----------------------------------------------------------------------
