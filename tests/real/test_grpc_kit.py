@@ -4,6 +4,7 @@ set up: ``bash scripts/triton-bench-env.sh --perf-analyzer-only`` or ``$FERRY_PE
 
 from __future__ import annotations
 
+import csv
 import os
 import queue
 import shutil
@@ -103,6 +104,11 @@ def test_perf_analyzer_drives_grpc(served: GrpcServer, tmp_path: Path) -> None:
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     output = done.stdout + done.stderr
     assert done.returncode == 0, f"perf_analyzer failed ({done.returncode}):\n{output[-3000:]}"
-    rows = report.read_text().splitlines()
-    assert len(rows) == 3, output[-3000:]  # a header, concurrency 1 and 4
+    with report.open() as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["Concurrency"]) for r in rows] == [1, 4], output[-3000:]
+    for row in rows:
+        assert float(row["Inferences/Second"]) > 0
+        # It split the latency with the statistics it read over gRPC (ModelStatistics).
+        assert float(row["Server Compute Infer"]) > 0
     assert "Failed" not in output and "error" not in output.lower(), output[-3000:]
