@@ -114,8 +114,8 @@ def test_engines_from_backend_and_parameters() -> None:
         ),
         ("max_batch_size: 4 dynamic_batching { priority_levels: 2 }", "priority_levels"),
         (
-            "max_batch_size: 4 dynamic_batching { default_queue_policy { max_queue_size: 3 } }",
-            "default_queue_policy",
+            "max_batch_size: 4 dynamic_batching { priority_queue_policy { key: 1 value {} } }",
+            "priority_queue_policy",
         ),
         ("instance_group [ { kind: KIND_GPU } ]", "KIND_GPU"),
         ("instance_group [ { kind: KIND_MODEL } ]", "KIND_MODEL"),

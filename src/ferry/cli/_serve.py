@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ferry.cli._common import console, generation_options
-from ferry.serving import DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
+from ferry.serving import DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_QUEUE_SIZE, DEFAULT_MAX_REQUEST_BYTES
 
 
 @click.command("serve")
@@ -111,6 +111,15 @@ from ferry.serving import DEFAULT_DRAIN_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
     "--explicit", is_flag=True, help="Load no model at start but those named with --load."
 )
 @click.option(
+    "--max-queue-size",
+    type=click.IntRange(min=0),
+    default=DEFAULT_MAX_QUEUE_SIZE,
+    show_default=True,
+    help="Requests a model may hold waiting for an instance when its config sets no "
+    "default_queue_policy.max_queue_size; one more is answered 429 with Retry-After at once "
+    "(0: no limit).",
+)
+@click.option(
     "--load",
     "load_names",
     multiple=True,
@@ -144,6 +153,7 @@ def command(
     strict_readiness: bool,
     explicit: bool,
     load_names: tuple[str, ...],
+    max_queue_size: int,
     web: tuple[str, ...],
     max_num_seqs: int,
     max_model_len: int | None,
@@ -188,6 +198,7 @@ def command(
         isolate=isolate,
         api_key=api_key,
         max_request_bytes=max_request_bytes,
+        max_queue_size=max_queue_size,
         poll_interval=poll,
         explicit=explicit,
         load=list(load_names) or None,

@@ -25,6 +25,12 @@ from typing import TYPE_CHECKING
 from ferry._lazy import lazy_getattr
 
 if TYPE_CHECKING:
+    from ferry.serving._admission import (
+        DEFAULT_MAX_QUEUE_SIZE,
+        QueueFullError,
+        QueuePolicy,
+        QueueTimeoutError,
+    )
     from ferry.serving._app import (
         EXTENSIONS,
         ServingState,
@@ -115,6 +121,7 @@ __all__ = [
     "DEFAULT_DRAIN_TIMEOUT",
     "DEFAULT_GRPC_PORT",
     "DEFAULT_MAX_BATCH_SIZE",
+    "DEFAULT_MAX_QUEUE_SIZE",
     "DEFAULT_MAX_REQUEST_BYTES",
     "DEFAULT_QUEUE_DELAY_US",
     "EXTENSIONS",
@@ -141,6 +148,9 @@ __all__ = [
     "ModelNotReadyError",
     "ModelRepository",
     "ModelVersion",
+    "QueueFullError",
+    "QueuePolicy",
+    "QueueTimeoutError",
     "RequestedOutput",
     "ResolvedConfig",
     "ServerThread",
@@ -183,6 +193,7 @@ __all__ = [
 _MODULES = (
     "_http",
     "_server",
+    "_admission",
     "_config",
     "_config_file",
     "_metrics",

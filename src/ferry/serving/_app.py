@@ -34,6 +34,7 @@ from ferry.errors import (
     BackendUnavailableError,
     InvalidInputError,
 )
+from ferry.serving._admission import DEFAULT_MAX_QUEUE_SIZE
 from ferry.serving._codec import decode_request, encode_response
 from ferry.serving._config import triton_config
 from ferry.serving._generative import GenerationSettings
@@ -94,6 +95,7 @@ def create_app(
     generation: GenerationSettings | None = None,
     placement: str | None = None,
     isolate: bool = False,
+    max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE,
 ) -> Starlette:
     """The ASGI app serving a model repository, a model file or an artifact folder.
 
@@ -133,6 +135,9 @@ def create_app(
             none.
         isolate: run each model's instances in worker processes that are restarted when they
             crash (a config.json ``"isolate"`` wins): see :mod:`ferry.serving._isolate`.
+        max_queue_size: requests a model version may hold waiting when its config sets no
+            limit; one more is answered 429 at once (0: no limit): see
+            :mod:`ferry.serving._admission`.
 
     Raises:
         ModelLoadError: the source does not exist or is not a model, artifact or repository.
@@ -162,6 +167,7 @@ def create_app(
         optimize=optimize,
         placement=placement,
         isolate=isolate,
+        max_queue_size=max_queue_size,
         poll_interval=poll_interval,
         explicit=explicit,
         load=load,
@@ -557,7 +563,7 @@ async def infer_decoded(
     feeds, batch = version.prepare(decoded)
     outputs, sends = version.output_plan(decoded.outputs, decoded.binary_output)
     prepared = time.perf_counter_ns()
-    outcome = await version.infer(feeds, outputs, batch)
+    outcome = await version.infer(feeds, outputs, batch, decoded.parameters)
     return outcome, sends, prepared
 
 

@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from ferry.errors import FerryError, InvalidInputError, ModelLoadError
+from ferry.serving._admission import QueuePolicy, parse_queue_policy
 
 __all__ = [
     "DEFAULT_MAX_BATCH_SIZE",
@@ -182,6 +183,8 @@ class ModelConfig:
     model_filename: str | None = None
     source: str | None = None
     warnings: tuple[str, ...] = ()
+    #: ``dynamic_batching.default_queue_policy`` (:mod:`ferry.serving._admission`); None: none.
+    queue_policy: QueuePolicy | None = None
     #: Run the instances in worker processes (:mod:`ferry.serving._isolate`); None: the server's.
     isolate: bool | None = None
     #: ``sequence_batching``: the model is stateful (:mod:`ferry.serving._sequence`); None: not
@@ -213,7 +216,7 @@ _KEYS = {
     "isolate",
     "sequence_batching",
 }
-_BATCHING_KEYS = {"max_queue_delay_microseconds", "preferred_batch_size"}
+_BATCHING_KEYS = {"max_queue_delay_microseconds", "preferred_batch_size", "default_queue_policy"}
 _INSTANCE_KEYS = {"count", "kind", "name"}
 
 
@@ -239,6 +242,7 @@ def parse_config(data: Any, name: str, *, source: str = "config") -> ModelConfig
     if max_batch is not None:
         max_batch = _int(max_batch, "max_batch_size", where, minimum=0)
     dynamic: bool | None = None
+    policy: QueuePolicy | None = None
     delay = DEFAULT_QUEUE_DELAY_US
     preferred: tuple[int, ...] = ()
     batching = data.get("dynamic_batching")
@@ -263,6 +267,8 @@ def parse_config(data: Any, name: str, *, source: str = "config") -> ModelConfig
                 {_int(s, "dynamic_batching.preferred_batch_size", where, minimum=1) for s in sizes}
             )
         )
+        if "default_queue_policy" in batching:
+            policy = parse_queue_policy(batching["default_queue_policy"], where, ConfigError)
         if max_batch == 0:
             raise ConfigError(
                 f"{where}: dynamic_batching needs max_batch_size > 0 (the batch dim); it is 0"
@@ -307,6 +313,7 @@ def parse_config(data: Any, name: str, *, source: str = "config") -> ModelConfig
         optimize=optimize,
         placement=placement,
         version_policy=_version_policy(data.get("version_policy"), where),
+        queue_policy=policy,
         isolate=_flag(data.get("isolate"), "isolate", where),
         sequence_batching=_sequence_batching(data.get("sequence_batching"), where),
     )

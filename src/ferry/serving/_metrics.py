@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = [
@@ -141,6 +141,25 @@ class Metrics:
             labels,
             registry=self.registry,
         )
+        # Overload (ferry.serving._admission): Triton's nv_inference_pending_request_count too.
+        self.rejected = Counter(
+            "ferry_inference_rejected",
+            "Inference requests refused at once because the model's queue was full (429).",
+            labels,
+            registry=self.registry,
+        )
+        self.timeouts = Counter(
+            "ferry_inference_queue_timeout",
+            "Inference requests answered unrun because they waited past their timeout.",
+            labels,
+            registry=self.registry,
+        )
+        self.pending = Gauge(
+            "ferry_inference_pending_request_count",
+            "Inference requests waiting in the model's queue (not yet running).",
+            labels,
+            registry=self.registry,
+        )
         #: The recorders whose queued updates :meth:`flush` applies.
         self._recorders: list[VersionRecorder] = []
 
@@ -157,6 +176,7 @@ class Metrics:
         self.flush()
         for recorder in self._recorders:
             recorder.read_placement()
+            recorder.read_pending()
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
@@ -252,6 +272,8 @@ class VersionRecorder:
         # engines are released, never kept alive by its metrics), and its switches counted.
         self._placement: weakref.ref[Any] | None = None
         self._switches_counted = 0
+        #: Requests waiting in the version's queue, read at each scrape (None: not known).
+        self.pending: Callable[[], int] | None = None
 
     def watch_placement(self, session: Any) -> None:
         """Show ``session``'s live placement (its ``placement_report()``) in the metrics, read
@@ -311,6 +333,23 @@ class VersionRecorder:
         """A stateful model version now holds ``active`` sequences."""
         if self._metrics is not None:
             self._metrics.sequences.labels(*self._labels).set(active)
+
+    def read_pending(self) -> None:
+        """Bring the pending-requests gauge up to the version's queue (event loop)."""
+        if self._metrics is not None and self.pending is not None:
+            self._metrics.pending.labels(*self._labels).set(self.pending())
+
+    def rejected(self) -> None:
+        """A request refused because the queue was full (its failure is recorded apart)."""
+        if self._metrics is not None:
+            self._metrics.rejected.labels(*self._labels).inc()
+
+    def timed_out(self, *, queue_ns: int) -> None:
+        """A request that waited ``queue_ns`` in the queue, past its timeout, and did not run."""
+        self.stats.queue.add(queue_ns)
+        if self._metrics is not None:
+            self._metrics.timeouts.labels(*self._labels).inc()
+            self._queue.observe(queue_ns / 1e9)
 
     def failure(self, *, total_ns: int, status: int) -> None:
         """A request answered with an error."""

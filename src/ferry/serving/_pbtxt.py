@@ -10,7 +10,7 @@ What ferry does with each field:
   against the model: names, ``data_type``, ``dims`` with -1 for variable; requests must fit the
   declared dims), ``reshape`` (requests are reshaped to the model's shape and outputs back),
   ``format`` (shown by ``/config``), ``dynamic_batching`` (``preferred_batch_size``,
-  ``max_queue_delay_microseconds``), ``sequence_batching`` (``state``,
+  ``max_queue_delay_microseconds``, ``default_queue_policy``), ``sequence_batching`` (``state``,
   ``max_sequence_idle_microseconds``; control inputs refused), ``instance_group`` (``count``,
   ``kind`` KIND_CPU or KIND_AUTO, ``name``), ``version_policy``, ``default_model_filename``, and the ``parameters``
   ``ferry_backends`` (``"openvino,onnxruntime"``), ``ferry_precision`` (``"bf16"``) and
@@ -18,7 +18,7 @@ What ferry does with each field:
 - refused (the model does not load; the index says why): fields that change what the model
   computes or how requests are answered: another platform or backend, ``runtime``,
   ``ensemble_scheduling``, ``batch_input``/``batch_output``, the dynamic
-  batcher's priorities and queue policies, KIND_GPU/KIND_MODEL instances, ``gpus``,
+  batcher's priorities and per-priority queue policies, KIND_GPU/KIND_MODEL instances, ``gpus``,
   ``secondary_devices``, ``passive`` instances, optional/shape/ragged/non-linear-format tensors,
   ``optimization.execution_accelerators`` (name engines with ``ferry_backends`` instead),
   ``model_operations`` (custom op libraries), ``model_repository_agents``, a decoupled
@@ -345,17 +345,12 @@ class _Mapper:
 
     def dynamic_batching(self) -> dict[str, Any]:
         b = self.m.dynamic_batching
-        refused = {
-            "priority_levels",
-            "default_priority_level",
-            "default_queue_policy",
-            "priority_queue_policy",
-        }
+        refused = {"priority_levels", "default_priority_level", "priority_queue_policy"}
         for field, _ in b.ListFields():
             if field.name in refused:
                 raise self.error(
                     f"dynamic_batching.{field.name} is not supported: ferry's batcher has one "
-                    "queue, without priorities, timeouts or a size limit"
+                    "queue, without priorities (default_queue_policy applies to it)"
                 )
             if field.name == "preserve_ordering":
                 self.warn(
@@ -363,10 +358,20 @@ class _Mapper:
                     "response as soon as its batch is done"
                 )
         # Triton's default delay is 0 (the field's default): taken as written.
-        return {
+        data: dict[str, Any] = {
             "max_queue_delay_microseconds": int(b.max_queue_delay_microseconds),
             "preferred_batch_size": [int(s) for s in b.preferred_batch_size],
         }
+        if b.HasField("default_queue_policy"):  # ferry.serving._admission checks it
+            p = b.default_queue_policy
+            action = self.module.ModelQueuePolicy.TimeoutAction.Name(p.timeout_action)
+            data["default_queue_policy"] = {
+                "max_queue_size": int(p.max_queue_size),
+                "timeout_action": action,
+                "default_timeout_microseconds": int(p.default_timeout_microseconds),
+                "allow_timeout_override": bool(p.allow_timeout_override),
+            }
+        return data
 
     def instance_group(self, g: Any) -> dict[str, Any]:
         kind = self.module.ModelInstanceGroup.Kind.Name(g.kind)

@@ -40,6 +40,7 @@ from typing import Any
 from ferry.errors import FerryError, InvalidInputError, ModelLoadError
 from ferry.generate import is_generative_artifact
 from ferry.runtime import check_placement
+from ferry.serving._admission import DEFAULT_MAX_QUEUE_SIZE, check_max_queue_size
 from ferry.serving._config import (
     ConfigError,
     ModelConfig,
@@ -140,6 +141,8 @@ class ModelRepository:
             see ``ferry.load``).
         isolate: run every model's instances in worker processes (:mod:`ferry.serving._isolate`;
             a config's ``"isolate"`` asks it for one model).
+        max_queue_size: requests a version may hold waiting, for configs without a limit (0:
+            none; see :mod:`ferry.serving._admission`).
 
     Raises:
         ModelLoadError: the source does not exist or is not a model, artifact or repository.
@@ -163,6 +166,7 @@ class ModelRepository:
         generation: GenerationSettings | None = None,
         placement: str | None = None,
         isolate: bool = False,
+        max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE,
     ) -> None:
         path = Path(source)
         if placement is not None:
@@ -185,6 +189,8 @@ class ModelRepository:
         self.optimize = optimize
         self.placement = placement
         self.isolate = isolate
+        #: Requests a version may hold waiting when its config says no limit (0: none).
+        self.max_queue_size = check_max_queue_size(max_queue_size)
         self.poll_interval = poll_interval
         self.explicit = explicit
         self.warmup = warmup
@@ -673,7 +679,9 @@ class ModelRepository:
             version = GenerativeVersion(name, files.version, parts[0], recorder, config, *parts[1:])
         else:
             kind = DeclaredVersion if config.inputs or config.outputs else ModelVersion
-            version = kind(name, files.version, loaded, recorder, config, self.batcher)
+            version = kind(
+                name, files.version, loaded, recorder, config, self.batcher, self.max_queue_size
+            )
         version.start()
         logger.info("model %r version %d is ready", name, files.version)
         return version

@@ -31,6 +31,13 @@ from typing import Any
 import numpy as np
 
 from ferry.errors import FerryError, InvalidInputError, ModelLoadError
+from ferry.serving._admission import (
+    DEFAULT_MAX_QUEUE_SIZE,
+    Admission,
+    QueuePolicy,
+    Ticket,
+    request_timeout,
+)
 from ferry.serving._batcher import (
     BatchOutcome,
     DynamicBatcher,
@@ -459,6 +466,7 @@ class ModelVersion:
         batcher: makes the batcher when the config batches (default :class:`DynamicBatcher`;
             Ray Serve's deployment gives one on ``@serve.batch``), called with the pool and
             :class:`DynamicBatcher`'s keyword arguments.
+        max_queue_size: the server's queue limit, for a config without one (0: none).
     """
 
     def __init__(
@@ -469,6 +477,7 @@ class ModelVersion:
         recorder: VersionRecorder,
         config: ModelConfig,
         batcher: Callable[..., Any] | None = None,
+        max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE,
     ) -> None:
         self.name = name
         self.version = version
@@ -512,6 +521,8 @@ class ModelVersion:
                 preferred_batch_sizes=self.resolved.preferred_batch_sizes,
                 on_execution=self._record_execution,
             )
+        policy = config.queue_policy or QueuePolicy()
+        self.admission = Admission(name, self.version_str, policy, max_queue_size, recorder)
         self.sequencer: SequenceBatcher | None = None
         if self.sequence is not None:
             self.sequencer = SequenceBatcher(self.sequence, self._run, recorder.sequences)
@@ -655,15 +666,26 @@ class ModelVersion:
         """
         if self.sequencer is not None:
             return await self.sequencer.submit(feeds, outputs, batch, parameters or {})
-        return await self._run(feeds, outputs, batch)
+        # Refused at once when the queue is full; answered unrun past its timeout.
+        ticket = self.admission.admit(request_timeout(parameters or {}))
+        try:
+            return await self._run(feeds, outputs, batch, ticket)
+        finally:
+            ticket.leave()
 
     async def _run(
-        self, feeds: dict[str, np.ndarray], outputs: Sequence[str] | None, batch: int
+        self,
+        feeds: dict[str, np.ndarray],
+        outputs: Sequence[str] | None,
+        batch: int,
+        ticket: Ticket | None = None,
     ) -> BatchOutcome:
         if self.batcher is not None:
+            if ticket is not None and isinstance(self.batcher, DynamicBatcher):
+                return await self.batcher.submit(feeds, outputs, batch, ticket)
             return await self.batcher.submit(feeds, outputs, batch)
         arrival = time.perf_counter_ns()
-        instance = await self.pool.acquire()
+        instance = await (self.pool.acquire() if ticket is None else ticket.acquire(self.pool))
         try:
             execution = await asyncio.get_running_loop().run_in_executor(
                 instance.executor, run_items, instance.session, [feeds], [batch], outputs, [None]

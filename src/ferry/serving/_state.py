@@ -22,6 +22,7 @@ from ferry.errors import (
     InvalidInputError,
     ModelLoadError,
 )
+from ferry.serving._admission import retry_after_header
 from ferry.serving._http import (
     DEFAULT_MAX_REQUEST_BYTES,
     HTTPError,
@@ -167,6 +168,8 @@ def _error(error: BaseException, status: int | None = None) -> Response:
     else:
         message = str(error)
     headers = error.headers if isinstance(error, HTTPError) else None
+    if isinstance(error, EngineBusyError):  # a full queue, a queued request's timeout
+        headers = retry_after_header(error)
     return error_response(status, message, headers)
 
 
