@@ -6,6 +6,8 @@ The zoo gives tests, examples and benchmarks a handful of realistic models witho
 * ``mlp``: a 64-128-64-10 MLP trained on flattened digits.
 * ``mobilenet_v2``: a small MobileNetV2-style net (depthwise convs, ReLU6, Hardswish).
 * ``transformer_block``: one transformer encoder block (MatMul/Softmax attention, LayerNorm, GELU).
+* :func:`streaming_model`: a keyword spotter and a voice-activity net with recurrent state
+  (``state:*`` inputs, ``state_out:*`` outputs) for sequence batching.
 
 Example:
     >>> from ferry import zoo
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 from ferry.zoo._build import DEFAULT_OPSET, build, example_inputs, names, save
 from ferry.zoo._data import RunFn, digits_accuracy, digits_data
 from ferry.zoo._specs import ModelSpec, get_spec
+from ferry.zoo._streaming import STREAMING_MODELS, streaming_inputs, streaming_model
 
 
 def torch_module(name: str) -> torch.nn.Module:
@@ -37,6 +40,7 @@ def torch_module(name: str) -> torch.nn.Module:
 
 __all__ = [
     "DEFAULT_OPSET",
+    "STREAMING_MODELS",
     "ModelSpec",
     "RunFn",
     "build",
@@ -46,5 +50,7 @@ __all__ = [
     "get_spec",
     "names",
     "save",
+    "streaming_inputs",
+    "streaming_model",
     "torch_module",
 ]
