@@ -263,7 +263,7 @@ def _json_step(raw: Any, number: int, path: Path) -> Step:
         default = model
     else:
         function = _python_function(python, path.parent, where)
-        default = python.split(":")[1]
+        default = str(python).split(":")[1]
     step_name = raw.get("name", default)
     if not isinstance(step_name, str) or not step_name:
         raise ConfigError(f"{where}: 'name' must be a non-empty string, got {step_name!r}")
@@ -318,7 +318,7 @@ def _python_function(spec: Any, folder: Path, where: str) -> Callable[..., Any]:
     function = getattr(module, function_name, None)
     if not callable(function):
         raise ConfigError(f"{where}: {file} has no function {function_name!r}")
-    return function  # type: ignore[no-any-return]
+    return function
 
 
 # -- Triton's ensemble config.pbtxt ---------------------------------------------------------------
