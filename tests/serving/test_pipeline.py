@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +34,10 @@ def broken(inputs):
 
 def wrong_name(inputs):
     return {"other": inputs["in"]}
+
+def thread(inputs):
+    import threading
+    return {"name": np.array([threading.current_thread().name], dtype=object)}
 """
 
 
@@ -285,3 +290,28 @@ def test_concurrent_requests_each_get_their_own_answer(models: Path) -> None:
         answers = list(pool.map(lambda x: output(infer(client, "chain", x)), xs))
     for x, got in zip(xs, answers):
         np.testing.assert_allclose(got, (x + 1) * 2 + 10, rtol=1e-6)
+
+
+def test_python_steps_run_in_the_pipelines_thread_pool(models: Path) -> None:
+    steps = [{"python": "steps:thread", "inputs": {"in": "x"}, "outputs": {"name": "thread"}}]
+    outputs = [{"name": "thread", "datatype": "BYTES", "dims": [1]}]
+    write_pipeline(models, "where", pipeline(steps, outputs=outputs))
+    with started(models) as client:
+        response = infer(client, "where", np.zeros((1, 4), np.float32))
+        assert response.status_code == 200, response.text
+        (out,) = response.json()["outputs"]
+        assert out["datatype"] == "BYTES" and out["data"][0].startswith("ferry-where-py")
+
+
+def test_an_edited_pipeline_reloads_when_polled(models: Path) -> None:
+    x = np.ones((1, 4), np.float32)
+    with started(models, poll_interval=0.1) as client:
+        np.testing.assert_allclose(output(infer(client, "chain", x)), (x + 1) * 2 + 10)
+        write_pipeline(models, "chain", pipeline([CHAIN[0], {**CHAIN[2], "inputs": {"x": "a"}}]))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            got = output(infer(client, "chain", x))
+            if np.allclose(got, x + 11):
+                break
+            time.sleep(0.1)
+        np.testing.assert_allclose(got, x + 11)
