@@ -315,3 +315,28 @@ def test_an_edited_pipeline_reloads_when_polled(models: Path) -> None:
                 break
             time.sleep(0.1)
         np.testing.assert_allclose(got, x + 11)
+
+
+def test_triton_grpc_client_drives_a_pipeline(models: Path) -> None:
+    pytest.importorskip("grpc")
+    tgrpc = pytest.importorskip("tritonclient.grpc")
+    from ferry.serving import GrpcServer, ServerThread
+
+    app = create_app(models)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    with ServerThread(app, port=0), GrpcServer(app, port=0) as server:
+        client = tgrpc.InferenceServerClient(server.address)
+        try:
+            assert client.is_model_ready("chain")
+            config = client.get_model_config("chain").config
+            assert config.platform == "ensemble"
+            assert [s.model_name for s in config.ensemble_scheduling.step][::2] == [
+                "plus1",
+                "plus10",
+            ]
+            tensor = tgrpc.InferInput("x", [2, 4], "FP32")
+            tensor.set_data_from_numpy(x)
+            result = client.infer("chain", [tensor])
+            np.testing.assert_allclose(result.as_numpy("y"), (x + 1) * 2 + 10)
+        finally:
+            client.close()
