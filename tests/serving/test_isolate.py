@@ -194,6 +194,32 @@ def test_isolated_answers_equal_in_process_answers(repo: Path) -> None:
     np.testing.assert_array_equal(answers[0][2], answers[1][2])
 
 
+def test_the_loads_probes_run_in_the_worker(tmp_path: Path) -> None:
+    """The rows probe runs the engine, so in the worker: rows that see each other (a softmax
+    over the batch) are not batched, isolated or not."""
+    import onnx
+    import onnx.helper as h
+
+    from ferry.serving import ModelConfig
+    from ferry.serving._isolate import load_isolated
+
+    x = h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 4])
+    y = h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 4])
+    node = h.make_node("Softmax", ["x"], ["y"], axis=0)
+    model = h.make_model(
+        h.make_graph([node], "g", [x], [y]), opset_imports=[h.make_opsetid("", 17)]
+    )
+    path = tmp_path / "round.onnx"
+    onnx.save(model, path)
+    loaded = load_isolated("round", path, ModelConfig(), cores=1)
+    try:
+        assert loaded.resolved.max_batch_size == 0 and not loaded.resolved.dynamic_batching
+        assert [type(s).__name__ for s in loaded.sessions] == ["WorkerSession"]
+    finally:
+        loaded.isolation.close()
+    assert not loaded.sessions[0].alive
+
+
 def test_the_wire_carries_tensors_of_every_kind_and_the_engines_errors() -> None:
     from ferry.errors import InvalidInputError
     from ferry.serving._isolate import WorkerSession
@@ -259,6 +285,7 @@ def serve(source: Path) -> tuple[subprocess.Popen[str], list[str]]:
             process.kill()
             raise AssertionError("ferry serve did not start:\n" + "".join(lines))
         time.sleep(0.05)
+    time.sleep(1.0)  # past the models' table, into the wait a signal drains (not before it)
     return process, lines
 
 

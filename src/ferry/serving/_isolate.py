@@ -103,6 +103,8 @@ class WorkerSession:
         self._lock = threading.Lock()  # one call on the pipe at a time
         #: Why calls are refused now (None: the worker runs them).
         self.refusal: str | None = "not started"
+        #: Whether a worker that dies is restarted (once its version serves).
+        self.restarts = False
 
     # -- the process -------------------------------------------------------------------------
 
@@ -195,22 +197,34 @@ class WorkerSession:
             WorkerDiedError: the worker died during the call, or is down (being restarted).
             FerryError: what the engine raised (ExecutionError...), as in-process.
         """
+        result: dict[str, np.ndarray] = self._exchange(
+            ("run", dict(inputs), None if outputs is None else list(outputs))
+        )
+        return result
+
+    def remote(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(session, *args)`` run in the worker, on the session the load's probes run on
+        (found inputs, the rows probe, a call's time: they run the engine, so not here).
+        ``fn``: a module-level function (pickled by name)."""
+        return self._exchange(("call", fn, args))
+
+    def _exchange(self, message: Any) -> Any:
         name = self.spec.name
         with self._lock:
             conn = self._conn
             if self.refusal is not None or conn is None:
                 raise WorkerDiedError(f"model {name!r} is unavailable: {self.refusal}")
             try:
-                send(conn, ("run", dict(inputs), None if outputs is None else list(outputs)))
+                send(conn, message)
                 reply = receive(conn)
             except (EOFError, OSError):
                 why = exit_text(_exit_code(self.process))
-                self.refusal = f"worker died ({why}); restarting"
-                raise WorkerDiedError(f"model {name!r} worker died ({why}); restarting") from None
+                then = "; restarting" if self.restarts else ""
+                self.refusal = f"worker died ({why}){then}"
+                raise WorkerDiedError(f"model {name!r} worker died ({why}){then}") from None
         if reply[0] == "error":
             raise reply[1]
-        result: dict[str, np.ndarray] = reply[1]
-        return result
+        return reply[1]
 
 
 def _exit_code(process: Any, timeout: float = 2.0) -> int | None:
@@ -309,6 +323,7 @@ class Isolation:
         ``warm``, which returns why it failed or None)."""
         self.warm = warm
         for worker in self.workers:
+            worker.restarts = True
             worker.serve()
         self._watcher = threading.Thread(
             target=self._watch, name=f"ferry-{self.name}-isolation", daemon=True

@@ -79,10 +79,11 @@ def receive(conn: Connection) -> Any:
 def worker_main(conn: Connection, spec: WorkerSpec) -> None:
     """A worker process: load the instance, report ready, run calls until told to stop.
 
-    Messages in: ``("run", feeds, outputs)``, ``("serve",)`` (from now on a live session learns
-    from the calls: until then they are the load's probes and warm-up, which must take no bucket),
-    ``("stop",)``. Out: ``("ready", inputs, outputs, plan)`` or ``("failed", message)`` once, then
-    ``("ok", outputs)`` or ``("error", exception)`` per call.
+    Messages in: ``("run", feeds, outputs)``, ``("call", fn, args)`` (a load's probe:
+    ``fn(session, *args)`` on the session probes run on), ``("serve",)`` (from now on a live
+    session learns from the calls: until then they are the load's probes and warm-up, which must
+    take no bucket), ``("stop",)``. Out: ``("ready", inputs, outputs, plan)`` or ``("failed",
+    message)`` once, then ``("ok", result)`` or ``("error", exception)`` per call.
     """
     # Ctrl-C reaches the whole process group: the server drains and then stops its workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -99,7 +100,10 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
     from ferry.runtime import LiveSession, Session
 
     send(conn, ("ready", list(session.inputs), list(session.outputs), session.plan))
+    from ferry.serving._scheduler import _probe_session
+
     learning = False
+    probe: Any = None
     while True:
         try:
             message = receive(conn)
@@ -111,8 +115,13 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
         if kind == "serve":
             learning = True
             continue
-        _, feeds, outputs = message
         try:
+            if kind == "call":
+                probe = probe or _probe_session(session)
+                result = message[1](probe, *message[2])
+                send(conn, ("ok", result))
+                continue
+            _, feeds, outputs = message
             if isinstance(session, LiveSession) and not learning:
                 result = Session.run(session, feeds, outputs)
             else:

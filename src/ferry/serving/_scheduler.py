@@ -233,7 +233,7 @@ def load_version(
     decide = (
         not fixed and config.instance_count is None and warmup and (cores or available_cores()) > 1
     )
-    if decide and _call_seconds(probe, resolved) >= HEAVY_CALL_S:
+    if decide and _probe_on(probe, _call_seconds, resolved) >= HEAVY_CALL_S:
         resolved = dataclasses.replace(resolved, instance_count=2)
         threads = max(1, (cores or available_cores()) // 2)
         first = instance()
@@ -276,6 +276,14 @@ def _probe_session(session: Any) -> Any:
     return Session(session.model, session.plan, threads=session.threads)
 
 
+def _probe_on(session: Any, probe: Callable[..., Any], *args: Any) -> Any:
+    """``probe(session, *args)``, run where the session lives: in its worker process for an
+    isolated instance (:meth:`ferry.serving._isolate.WorkerSession.remote`), since probes run
+    the engine."""
+    remote = getattr(session, "remote", None)
+    return remote(probe, *args) if remote is not None else probe(session, *args)
+
+
 def _follow(learner: Any, sibling: Any) -> None:
     """Make ``sibling`` (another instance of the same version) take the plans ``learner``
     learns instead of learning on its own: two learners would time their candidates at once on
@@ -296,7 +304,7 @@ def _unbatched_if_rows_interact(
         return config
     if batch_dim_problem([*session.inputs, *session.outputs]) is not None:
         return config  # not batched by default anyway
-    why = rows_interact(session)
+    why = _probe_on(session, rows_interact)
     if why is None:
         return config
     logger.warning(
@@ -385,7 +393,7 @@ def warm_up(loaded: LoadedModel, probe: Any = None) -> str | None:
         return made
 
     try:
-        found = found_inputs(probe or loaded.sessions[0]).feeds
+        found = _probe_on(probe or loaded.sessions[0], found_inputs).feeds
         batched = {s.name for s in specs if s.shape and not isinstance(s.shape[0], int)}
         stacked = [
             {k: np.concatenate([v] * size) if k in batched else v for k, v in found.items()}
