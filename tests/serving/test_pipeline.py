@@ -340,3 +340,20 @@ def test_triton_grpc_client_drives_a_pipeline(models: Path) -> None:
             np.testing.assert_allclose(result.as_numpy("y"), (x + 1) * 2 + 10)
         finally:
             client.close()
+
+
+def test_a_steps_error_keeps_its_status_and_retry_after() -> None:
+    from ferry.errors import EngineBusyError, ExecutionError, InvalidInputError
+    from ferry.serving._pipeline import _step_error
+    from ferry.serving._pipeline_spec import Step
+    from ferry.serving._state import status_of
+
+    step = Step(2, "rec", "ppocr_rec", None, None, None, {"x": "lines"}, {"y": "scores"})
+    busy = _step_error(step, EngineBusyError("the queue is full", retry_after=3.0))
+    assert isinstance(busy, EngineBusyError) and busy.retry_after == 3.0
+    assert str(busy) == "step 2 'rec' (model ppocr_rec): the queue is full"
+    assert status_of(busy) == 429
+    assert status_of(_step_error(step, InvalidInputError("bad"))) == 400
+    assert status_of(_step_error(step, ExecutionError("engine"))) == 500
+    crashed = _step_error(step, ValueError("no"))
+    assert status_of(crashed) == 500 and str(crashed).endswith(": ValueError: no")

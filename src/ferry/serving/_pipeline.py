@@ -29,6 +29,7 @@ import numpy as np
 
 from ferry.errors import (
     EngineBusyError,
+    EngineClosedError,
     ExecutionError,
     FerryError,
     InvalidInputError,
@@ -328,21 +329,26 @@ def _rows(given: dict[str, np.ndarray]) -> int | None:
 
 def _step_error(step: Step, error: Exception) -> FerryError:
     """The error a failed step fails its request with: its message led by the step's name,
-    of the class that keeps the status (bad input 400, busy 429, not ready 503, else 500)."""
+    keeping the status (and a refusal's ``Retry-After``): bad input 400, busy 429, not ready
+    503, an engine's or a Python step's failure 500."""
+    from ferry.serving._http import HTTPError
     from ferry.serving._repository import ModelNotFoundError, ModelNotReadyError
+    from ferry.serving._state import status_of  # _state imports the repository
 
-    if isinstance(error, FerryError):
-        message = f"{step.label}: {error}"
-    else:
+    if not isinstance(error, FerryError):
         logger.error("%s failed", step.label, exc_info=error)
-        message = f"{step.label}: {type(error).__name__}: {error}"
-    kind: type[FerryError] = ExecutionError
-    for known in (ModelNotReadyError, InvalidInputError, EngineBusyError, ExecutionError):
-        if isinstance(error, known):
-            kind = known
+        return ExecutionError(f"{step.label}: {type(error).__name__}: {error}")
+    message = f"{step.label}: {error}"
+    if isinstance(error, EngineBusyError):  # a full queue, a queued request's timeout
+        return type(error)(message, error.retry_after)
+    if isinstance(error, HTTPError):
+        return HTTPError(error.status, message, error.headers)
     if isinstance(error, ModelNotFoundError):
-        kind = ModelNotReadyError  # the pipeline is there; a step's model is not
-    return kind(message)
+        return ModelNotReadyError(message)  # the pipeline is there; a step's model is not
+    for kind in (ModelNotReadyError, EngineClosedError, InvalidInputError, ExecutionError):
+        if isinstance(error, kind):
+            return kind(message)
+    return HTTPError(status_of(error), message)
 
 
 # -- what the repository calls ---------------------------------------------------------------------
