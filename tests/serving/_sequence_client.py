@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -59,28 +59,37 @@ def interleaved(
 
 
 def by_hand(
-    run: Callable[[Feeds], Feeds], stream: Sequence[Feeds], state: Feeds | None = None
+    run: Callable[[Feeds], Feeds],
+    stream: Sequence[Feeds],
+    state: Feeds | None = None,
+    pairs: Mapping[str, str] | None = None,
 ) -> list[Feeds]:
-    """``run`` on each chunk with the ``state_out:*`` outputs of the call before fed back as
-    ``state:*`` (``state``: the first call's, None: the model's defaults); the other outputs."""
+    """``run`` on each chunk with the state outputs of the call before fed back as the state
+    inputs (``pairs``: state output -> state input; None: ``state_out:<v>`` -> ``state:<v>``);
+    ``state``: the first call's (None: the model's defaults). Returns the other outputs."""
+    if pairs is None:
+
+        def feeds_of(name: str) -> str | None:
+            if name.startswith(STATE_OUTPUT_PREFIX):
+                return STATE_INPUT_PREFIX + name[len(STATE_OUTPUT_PREFIX) :]
+            return None
+    else:
+        feeds_of = pairs.get
     state = dict(state or {})
     out = []
     for feeds in stream:
         got = run({**feeds, **state})
-        state = {
-            STATE_INPUT_PREFIX + k[len(STATE_OUTPUT_PREFIX) :]: v
-            for k, v in got.items()
-            if k.startswith(STATE_OUTPUT_PREFIX)
-        }
-        out.append({k: v for k, v in got.items() if not k.startswith(STATE_OUTPUT_PREFIX)})
+        state = {feeds_of(k): v for k, v in got.items() if feeds_of(k) is not None}  # type: ignore[misc]
+        out.append({k: v for k, v in got.items() if feeds_of(k) is None})
     return out
 
 
 def ort_runner(path: Any) -> Callable[[Feeds], Feeds]:
-    """ONNX Runtime on a model file: feeds -> every output by name."""
+    """ONNX Runtime on a model file (or its bytes): feeds -> every output by name."""
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    model = path if isinstance(path, bytes) else str(path)
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     return lambda feeds: dict(zip(names, session.run(names, feeds)))
 

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
+from _sequence_client import by_hand as fed_by_hand
+from _sequence_client import ort_runner, stream_over_http
 from _serving_models import write_config, write_model
 from onnx import TensorProto, helper, numpy_helper
 
@@ -107,15 +109,11 @@ def chunks(seed: int, count: int = CHUNKS) -> list[np.ndarray]:
 def by_hand(
     model: onnx.ModelProto, stream: list[np.ndarray], names: tuple[str, ...]
 ) -> list[np.ndarray]:
-    """ONNX Runtime fed the state back by hand, from zeros."""
+    """ONNX Runtime fed the state back by hand, from zeros: the ``prob`` of each chunk."""
     x, h, prob, h_out = names
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    state = np.zeros((1, HIDDEN), np.float32)
-    out = []
-    for chunk in stream:
-        got_prob, state = session.run([prob, h_out], {x: chunk, h: state})
-        out.append(got_prob)
-    return out
+    run = ort_runner(model.SerializeToString())
+    zeros = {h: np.zeros((1, HIDDEN), np.float32)}
+    return [o[prob] for o in fed_by_hand(run, [{x: c} for c in stream], zeros, {h_out: h})]
 
 
 @pytest.fixture(scope="module")
@@ -171,23 +169,9 @@ def step(
 def run_stream(
     server: Any, model: str, sequence_id: int | str, stream: list[np.ndarray], name: str = "audio"
 ) -> list[np.ndarray]:
-    client = client_for(server)
-    try:
-        out = []
-        for i, chunk in enumerate(stream):
-            got = step(
-                client,
-                model,
-                chunk,
-                sequence_id,
-                name,
-                sequence_start=i == 0,
-                sequence_end=i == len(stream) - 1,
-            )
-            out.append(got)
-        return [o[next(iter(o))] for o in out] if out else []
-    finally:
-        client.close()
+    """One sequence over HTTP: the (one) output of each chunk."""
+    got = stream_over_http(server.url, model, sequence_id, [{name: c} for c in stream])
+    return [o[next(iter(o))] for o in got]
 
 
 def test_metadata_hides_the_state(server: Any) -> None:
@@ -390,3 +374,33 @@ def test_a_state_the_model_lacks_fails_the_load(tmp_path: Path) -> None:
     assert (
         row["state"] == "UNAVAILABLE" and "'nope', which the model does not have" in row["reason"]
     )
+
+
+def test_a_sequence_over_grpc(repo: Path) -> None:
+    """tritonclient.grpc's sequence arguments reach the same sequence batcher: bit-exact at batch 1,
+    and an unknown sequence is INVALID_ARGUMENT naming what to send."""
+    pytest.importorskip("grpc")
+    tgrpc = pytest.importorskip("tritonclient.grpc")
+    from ferry.serving import GrpcServer
+
+    stream = chunks(77)
+    want = by_hand(recurrent(), stream, ("audio", "state:h", "prob", "state_out:h"))
+    app = create_app(repo)
+    with ServerThread(app, port=0), GrpcServer(app, port=0) as server:
+        client = tgrpc.InferenceServerClient(server.address)
+        for i, chunk in enumerate(stream):
+            tensor = tgrpc.InferInput("audio", list(chunk.shape), "FP32")
+            tensor.set_data_from_numpy(chunk)
+            result = client.infer(
+                "rnn",
+                [tensor],
+                sequence_id="grpc-1",
+                sequence_start=i == 0,
+                sequence_end=i == len(stream) - 1,
+            )
+            np.testing.assert_array_equal(result.as_numpy("prob"), want[i])
+            assert result.as_numpy("state_out:h") is None
+        with pytest.raises(InferenceServerException, match="sequence_start=true") as e:
+            client.infer("rnn", [tensor], sequence_id="grpc-1")
+        assert "INVALID_ARGUMENT" in str(e.value.status())
+        client.close()
