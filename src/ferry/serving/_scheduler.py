@@ -533,7 +533,7 @@ class ModelVersion:
         self.admission = Admission(name, self.version_str, policy, max_queue_size, recorder)
         self.sequencer: SequenceBatcher | None = None
         if self.sequence is not None:
-            self.sequencer = SequenceBatcher(self.sequence, self._run, recorder.sequences)
+            self.sequencer = SequenceBatcher(self.sequence, self._admitted, recorder.sequences)
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -674,8 +674,17 @@ class ModelVersion:
         """
         if self.sequencer is not None:
             return await self.sequencer.submit(feeds, outputs, batch, parameters or {})
+        return await self._admitted(feeds, outputs, batch, parameters or {})
+
+    async def _admitted(
+        self,
+        feeds: dict[str, np.ndarray],
+        outputs: Sequence[str] | None,
+        batch: int,
+        parameters: Mapping[str, Any],
+    ) -> BatchOutcome:
         # Refused at once when the queue is full; answered unrun past its timeout.
-        ticket = self.admission.admit(request_timeout(parameters or {}))
+        ticket = self.admission.admit(request_timeout(parameters))
         try:
             return await self._run(feeds, outputs, batch, ticket)
         finally:

@@ -337,7 +337,9 @@ class _Sequence:
         self.last_ns = time.monotonic_ns()
 
 
-Run = Callable[[dict[str, np.ndarray], Sequence[str] | None, int], Awaitable[BatchOutcome]]
+Run = Callable[
+    [dict[str, np.ndarray], Sequence[str] | None, int, Mapping[str, Any]], Awaitable[BatchOutcome]
+]
 
 
 class SequenceBatcher:
@@ -433,7 +435,7 @@ class SequenceBatcher:
         seq.users += 1
         try:
             async with seq.lock:
-                return await self._step(key, seq, feeds, outputs, size, start, end)
+                return await self._step(key, seq, feeds, outputs, size, (start, end), parameters)
         finally:
             seq.users -= 1
             seq.last_ns = time.monotonic_ns()
@@ -445,10 +447,11 @@ class SequenceBatcher:
         feeds: dict[str, np.ndarray],
         outputs: Sequence[str] | None,
         size: int,
-        start: bool,
-        end: bool,
+        flags: tuple[bool, bool],
+        parameters: Mapping[str, Any],
     ) -> BatchOutcome:
         plan = self.plan
+        start, end = flags
         if self._sequences.get(key) is not seq:  # ended (or expired) before this request ran
             if not start:
                 raise InvalidInputError(self._unknown(key))
@@ -457,14 +460,24 @@ class SequenceBatcher:
         if start or seq.state is None:
             if not start:
                 raise InvalidInputError(self._unknown(key))
-            seq.state, seq.rows = plan.initial(size), size
+            state, rows = plan.initial(size), size
         elif plan.batched and size != seq.rows:
             raise InvalidInputError(
                 f"sequence {key!r} of model {plan.model!r} started with a batch of {seq.rows}; "
                 f"this request has {size}: every request of a sequence has the same batch size"
             )
+        else:
+            state, rows = seq.state, seq.rows
         wanted = None if outputs is None else [*outputs, *plan.outputs.values()]
-        outcome = await self._run({**feeds, **seq.state}, wanted, size)
+        try:
+            outcome = await self._run({**feeds, **state}, wanted, size, parameters)
+        except BaseException:
+            # Refused or failed: the state stays as it was; a start that never ran starts nothing.
+            if seq.state is None and self._sequences.get(key) is seq:
+                del self._sequences[key]
+                self._counted()
+            raise
+        seq.rows = rows
         # The outputs are views of the whole batch's: copy the rows kept past this request.
         seq.state = {
             name: np.array(outcome.outputs[out], copy=True) for name, out in plan.outputs.items()
