@@ -342,6 +342,13 @@ def test_batched_queue_policy_from_config(repo: Path) -> None:
         metrics = httpx.get(f"{server.url}/metrics").text
         assert 'ferry_inference_queue_timeout_total{model="slow",version="1"} 2.0' in metrics
         assert 'ferry_inference_rejected_total{model="slow",version="1"} 1.0' in metrics
+        config = httpx.get(f"{server.url}/v2/models/slow/config").json()
+        assert config["dynamic_batching"]["default_queue_policy"] == {
+            "max_queue_size": 2,
+            "timeout_action": "REJECT",
+            "default_timeout_microseconds": 100_000,
+            "allow_timeout_override": False,
+        }
     finally:
         server.stop()
 

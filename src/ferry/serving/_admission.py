@@ -288,6 +288,15 @@ class Admission:
         self.waiting += 1
         return Ticket(self, self.policy.timeout_us(requested_timeout_us))
 
+    def triton_policy(self) -> dict[str, Any]:
+        """The policy in force as Triton's ``/config`` shows ``default_queue_policy``."""
+        return {
+            "max_queue_size": self.limit,
+            "timeout_action": self.policy.timeout_action,
+            "default_timeout_microseconds": self.policy.default_timeout_us,
+            "allow_timeout_override": self.policy.allow_timeout_override or not self.policy.written,
+        }
+
     def service_rate(self) -> float | None:
         """Requests started per second lately (None: too few started in the window)."""
         now = time.perf_counter_ns()

@@ -385,6 +385,7 @@ def model_config(state: ServingState, name: str, version_name: str | None) -> di
         model_filename=loaded.model_file.name,
         inputs=[(t["name"], t["datatype"], t["shape"]) for t in version.tensor_metadata()],
         outputs=[(t["name"], t["datatype"], t["shape"]) for t in version.tensor_metadata(True)],
+        queue=version.admission.triton_policy(),
     )
 
 

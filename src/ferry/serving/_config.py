@@ -34,6 +34,10 @@ slower is not used (the model loads as it is, with a warning). Without it, the s
 unknown, a model learns its plan from the calls it serves (:class:`ferry.runtime.LiveSession`;
 the first instance learns, the others adopt) unless ``"fixed"``. Without it, the server's
 ``--placement``.
+
+``dynamic_batching.default_queue_policy`` (Triton's: ``max_queue_size``,
+``default_timeout_microseconds``, ``timeout_action``, ``allow_timeout_override``) guards the
+model's queue: a full one answers 429 at once (:mod:`ferry.serving._admission`).
 """
 
 from __future__ import annotations
@@ -606,6 +610,7 @@ def triton_config(
     model_filename: str,
     inputs: Sequence[tuple[str, str, list[int]]],
     outputs: Sequence[tuple[str, str, list[int]]],
+    queue: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The model configuration as Triton's ``/config`` endpoint gives it (JSON of ModelConfig).
 
@@ -616,6 +621,8 @@ def triton_config(
         inputs: ``(name, KServe datatype, shape with -1 for variable dims)`` per input, the batch
             dim included; it is left out of ``dims`` when ``max_batch_size`` > 0.
         outputs: the same for the outputs.
+        queue: the queue policy in force (``default_queue_policy``, the server's limit filled
+            in), shown with the dynamic batcher.
     """
     skip = 1 if resolved.max_batch_size > 0 else 0
 
@@ -661,4 +668,6 @@ def triton_config(
             "max_queue_delay_microseconds": resolved.max_queue_delay_us,
             "preserve_ordering": False,
         }
+        if queue is not None:
+            config["dynamic_batching"]["default_queue_policy"] = queue
     return config

@@ -33,7 +33,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ from ferry.errors import (
     FerryError,
     InvalidInputError,
 )
+from ferry.serving._admission import retry_after_header
 from ferry.serving._http import HTTPError
 from ferry.serving._openai_requests import (
     GenerateParams,
@@ -155,9 +155,8 @@ def submit(version: GenerativeVersion, request: GenerationRequest) -> Generation
         raise
 
 
-def retry_after(error: EngineBusyError) -> dict[str, str]:
-    """The ``Retry-After`` header for a full queue (whole seconds, at least 1)."""
-    return {"Retry-After": str(max(1, math.ceil(error.retry_after)))}
+#: The ``Retry-After`` header for a full queue (whole seconds, at least 1): every 429's.
+retry_after = retry_after_header
 
 
 def sse(data: Any) -> bytes:
