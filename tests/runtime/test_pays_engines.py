@@ -70,9 +70,10 @@ def test_load_replaces_a_slower_split_by_the_fastest_engine_alone(
         return PaysVerdict(10.0, 8.0, AT, others=(("openvino", 5.0, 0.01),))
 
     monkeypatch.setattr(_load, "plan_pays", measured)
-    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224), dtype=np.float32)
+    (name,) = [v.name for v in model.graph.inputs]
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32), dtype=np.float32)
     with caplog.at_level(logging.WARNING, logger="ferry"):
-        session = ferry.load(model, backends=ENGINES, example_inputs={"x": x})
+        session = ferry.load(model, backends=ENGINES, example_inputs={name: x})
     assert timed == [["openvino"]]
     assert session.plan.backends == ["openvino"] and len(session.plan.partitions) == 1
     assert "running openvino alone" in caplog.text and "OpenVINO alone in 5 ms" in caplog.text
@@ -89,3 +90,23 @@ def test_a_verdict_with_other_engines_is_cached_whole(
     path = _pays._path(model, plan, AT, None)
     save_verdict(path, dataclasses.asdict(verdict), "test")
     assert _pays.cached_verdict(model, plan, feeds) == verdict
+
+
+def test_a_faster_plan_with_wrong_answers_is_not_run(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Any
+) -> None:
+    """The pays check judges before it times: ``wrong`` (a made-up engine answering outside any
+    budget) is never run, however fast."""
+    import fake_engines
+
+    fake_engines.register(monkeypatch)
+    monkeypatch.setenv("FERRY_CACHE_DIR", str(tmp_path))
+    timed: list[Any] = []
+    monkeypatch.setattr(_load, "plan_pays", lambda *a, **k: timed.append(a))
+    proto = fake_engines.heavy_model()
+    x = np.random.default_rng(0).standard_normal((4, fake_engines.WIDTH), dtype=np.float32)
+    with caplog.at_level(logging.WARNING, logger="ferry"):
+        session = ferry.load(proto, backends="wrong,onnxruntime", example_inputs={"x": x})
+    assert session.plan.backends == ["onnxruntime"] and not timed
+    assert "answers (1 partition(s) on wrong) are outside the accuracy budget" in caplog.text
+    assert "on the example inputs" in caplog.text

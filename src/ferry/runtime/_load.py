@@ -15,7 +15,7 @@ import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 import onnx
@@ -31,8 +31,9 @@ from ferry.backends import (
     get_backend,
     parse_backends,
 )
-from ferry.errors import InvalidInputError
+from ferry.errors import FerryError, InvalidInputError
 from ferry.graph import graph_inputs, load_model, model_source_path, prepare
+from ferry.parity import Budget, default_budget, within_budget
 from ferry.plan import Plan
 from ferry.runtime._auto import AutoChoice, auto_plan
 from ferry.runtime._live import LiveSession, check_placement, wants_live
@@ -40,9 +41,6 @@ from ferry.runtime._measure import alone_session, artifact_shapes, timing_feeds
 from ferry.runtime._pays import cached_verdict, plan_pays, single_engine_plans, winning_plan
 from ferry.runtime._session import Session, check_threads
 from ferry.runtime._specs import spec_of
-
-if TYPE_CHECKING:
-    from ferry.parity import Budget
 
 __all__ = [
     "AUTO_BUDGET_S",
@@ -274,6 +272,26 @@ def _faster_plan(
             work, threads=threads, source_path=source_path, cache_dir=cache_dir
         )
         singles = {name: session(p) for name, p in single_engine_plans(work, plan).items()}
+        # Faster is worth nothing when the answers are wrong (OpenVINO's NaN logits on a
+        # decoder's empty past): each side is judged against ONNX Runtime before it is timed.
+        expected = built[FALLBACK].run(dict(feeds))
+        budget, words = default_budget(work, expected)
+        wrong = _outside_budget(built["plan"], feeds, expected, budget)
+        if wrong is not None:
+            logger.warning(
+                "running ONNX Runtime alone: the plan's answers (%s) are outside the accuracy "
+                "budget (%s) on %s: %s",
+                where,
+                words,
+                "the example inputs" if example_inputs is not None else "inputs found to run it",
+                wrong,
+            )
+            return Plan.whole_graph(work, FALLBACK), built[FALLBACK]
+        singles = {
+            name: single
+            for name, single in singles.items()
+            if _outside_budget(single, feeds, expected, budget) is None
+        }
         built.update(singles)
         verdict = plan_pays(
             work, built["plan"], feeds, threads=threads, alone=built[FALLBACK], singles=singles
@@ -290,6 +308,18 @@ def _faster_plan(
         where,
     )
     return winning_plan(work, plan, verdict), built.get(engine)
+
+
+def _outside_budget(
+    session: Session, feeds: Mapping[str, np.ndarray], expected: Any, budget: Budget
+) -> str | None:
+    """Why ``session``'s answers on ``feeds`` are outside ``budget`` of ``expected`` (or it
+    fails on them); None when they are within it."""
+    try:
+        judged = within_budget(session.run(dict(feeds)), expected, budget)
+    except FerryError as e:
+        return f"it failed: {str(e).splitlines()[0]}"
+    return None if judged.passed else judged.summary()
 
 
 @dataclasses.dataclass(frozen=True)
