@@ -404,3 +404,19 @@ def test_a_sequence_over_grpc(repo: Path) -> None:
             client.infer("rnn", [tensor], sequence_id="grpc-1")
         assert "INVALID_ARGUMENT" in str(e.value.status())
         client.close()
+
+
+def test_an_isolated_stateful_model(tmp_path: Path) -> None:
+    """Under ``isolate`` the state is found in the worker (where the model is) and kept by the
+    server: a stream gives exactly ONNX Runtime's outputs."""
+    write_model(tmp_path, "rnn", 1, recurrent())
+    write_config(tmp_path, "rnn", {"max_batch_size": 8, "isolate": True})
+    stream = chunks(9, 4)
+    want = by_hand(recurrent(), stream, ("audio", "state:h", "prob", "state_out:h"))
+    app = create_app(tmp_path)
+    with ServerThread(app, host="127.0.0.1", port=0) as running:
+        session = app.state.ferry.repository.get("rnn", None).loaded.sessions[0]
+        assert type(session).__name__ == "WorkerSession"
+        got = run_stream(running, "rnn", "isolated", stream)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)

@@ -255,7 +255,7 @@ def load_version(
         output_types=output_types,
         precision=precision,
         precisions=_engine_precisions(first),
-        sequence=sequence_plan(name, config, first, resolved.max_batch_size > 0),
+        sequence=_probe_on(first, sequence_plan, name, config, resolved.max_batch_size > 0),
     )
     if warmup:
         error = warm_up(loaded, probe)

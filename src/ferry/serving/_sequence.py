@@ -232,14 +232,15 @@ class SequencePlan:
         }
 
 
-def sequence_plan(name: str, config: Any, session: Any, batched: bool) -> SequencePlan | None:
+def sequence_plan(session: Any, name: str, config: Any, batched: bool) -> SequencePlan | None:
     """The state of a model version (its config's ``sequence_batching``, else the ``state:*``
     naming convention); None when it has none and the config asks for no sequence batching.
 
     Args:
+        session: one of its sessions (its ``model``: the graph, optional inputs included); in
+            a worker process for an isolated model (a module-level function, so it gets there).
         name: the model's name.
         config: its :class:`~ferry.serving._config.ModelConfig`.
-        session: one of its sessions (its ``model``: the graph, optional inputs included).
         batched: whether it runs with a batch dim (max_batch_size > 0).
 
     Raises:
