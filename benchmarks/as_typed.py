@@ -22,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-# Not this folder: benchmarks/tflite.py would hide the tflite package the converter reads with.
+# Not this folder: a module here named like a package would hide it (a tflite.py once did).
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "real"))
 

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# Run as a script, this folder comes first on sys.path, and benchmarks/tflite.py would shadow the
-# tflite schema package that the litert backend's writer imports.
+# Run as a script, this folder comes first on sys.path: a module here named like a package
+# would shadow it.
 if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
     sys.path.pop(0)
 

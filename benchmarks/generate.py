@@ -47,8 +47,8 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-# Run as a script, this folder comes first on sys.path (benchmarks/tflite.py would shadow the
-# tflite schema package).
+# Run as a script, this folder comes first on sys.path: a module here named like a package
+# would shadow it.
 if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
     sys.path.pop(0)
 

@@ -84,8 +84,8 @@ from ferry.parity import default_budget, within_budget
 from ferry.runtime import auto_plan
 from ferry.runtime._measure import block_stats, tie_tolerance
 
-# This folder holds benchmarks/tflite.py, which would shadow the tflite package the TFLite
-# converter imports: the helpers above are imported, the folder leaves the path.
+# A module in this folder named like a package would shadow it: the helpers above are
+# imported, the folder leaves the path.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 #: best: auto's time over the fastest configuration's within the accuracy budget, at most.

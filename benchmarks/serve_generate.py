@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-# Run as a script, this folder comes first on sys.path (benchmarks/tflite.py would shadow the
-# tflite schema package); the repository's root takes its place, for ``benchmarks._...``.
+# Run as a script, this folder comes first on sys.path (a module here named like a package
+# would shadow it); the repository's root takes its place, for ``benchmarks._...``.
 if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
     sys.path[0] = str(ROOT)
 

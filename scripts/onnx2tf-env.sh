@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The environment benchmarks/tflite.py runs the peer ONNX -> .tflite converter onnx2tf in:
+# The environment benchmarks/tflite_export.py runs the peer ONNX -> .tflite converter onnx2tf in:
 #
 #   .venv-onnx2tf/      onnx2tf with its extra "tensorflow" (tensorflow, tf-keras, keras: its legacy
 #                       tf_converter backend), on Python 3.12 (onnx2tf 2.x requires >= 3.12;
@@ -28,7 +28,7 @@
 # (a venv made elsewhere: give the benchmark --onnx2tf /path/to/venv/bin/onnx2tf)
 # onnx2tf's version is pinned to the one the benchmark was written against (set it to "latest"
 # for the newest release; its own pins then decide the rest). Then:
-#   .venv/bin/python benchmarks/tflite.py [--quick] [--models a,b]
+#   .venv/bin/python benchmarks/tflite_export.py [--quick] [--models a,b]
 set -euo pipefail
 
 FORCE=0

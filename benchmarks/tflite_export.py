@@ -60,7 +60,7 @@ than onnx2tf's (or none at all), and accurate by the kit's judge. Each as k/n, m
 A tool that fails on a model fills its cells with the first line of its error; the run goes on.
 
     bash scripts/onnx2tf-env.sh        # once: .venv-onnx2tf with onnx2tf (Python 3.12)
-    python benchmarks/tflite.py [--quick] [--models a,b] [--nhwc] [--samples 3] [--work DIR]
+    python benchmarks/tflite_export.py [--quick] [--models a,b] [--nhwc] [--samples 3] [--work DIR]
                                 [--json OUT] [--rounds 5] [--block-s 0.3] [--threads N]
                                 [--onnx2tf PATH] [--onnx2tf-backend auto] [--ferry-verify]
 
