@@ -181,6 +181,12 @@ def test_metadata_hides_the_state(server: Any) -> None:
     assert [o["name"] for o in meta["outputs"]] == ["prob"]
     meta = client.get_model_metadata("triton_style")
     assert [i["name"] for i in meta["inputs"]] == ["INPUT"]
+    (state,) = client.get_model_config("triton_style")["sequence_batching"]["state"]
+    assert state["input_name"] == "STATE_IN" and state["output_name"] == "STATE_OUT"
+    assert state["dims"] == [1, 4] and state["initial_state"][0]["zero_data"] is True
+    sequence = client.get_model_config("rnn")["sequence_batching"]
+    assert sequence["max_sequence_idle_microseconds"] == 20_000_000
+    assert sequence["state"][0]["dims"] == [HIDDEN]  # after the batch dim
     client.close()
 
 
@@ -343,6 +349,12 @@ def test_config_json_and_pbtxt() -> None:
         == DEFAULT_IDLE_US
     )
     assert DEFAULT_IDLE_US == 1_000_000  # Triton's default
+    # A batching model's sequences are batched, with the strategy's delay.
+    for strategy in ("oldest", "direct"):
+        text = f"max_batch_size: 4 sequence_batching {{ {strategy} {{ max_queue_delay_microseconds: 500 }} }}"
+        config = parse_pbtxt(text, "m")
+        assert config.dynamic_batching and config.max_queue_delay_us == 500
+        assert config.sequence_batching is not None
 
 
 @pytest.mark.parametrize(
@@ -400,6 +412,8 @@ def test_a_sequence_over_grpc(repo: Path) -> None:
             )
             np.testing.assert_array_equal(result.as_numpy("prob"), want[i])
             assert result.as_numpy("state_out:h") is None
+        config = client.get_model_config("rnn").config
+        assert config.sequence_batching.state[0].input_name == "state:h"
         with pytest.raises(InferenceServerException, match="sequence_start=true") as e:
             client.infer("rnn", [tensor], sequence_id="grpc-1")
         assert "INVALID_ARGUMENT" in str(e.value.status())

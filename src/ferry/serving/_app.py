@@ -374,7 +374,7 @@ def model_config(state: ServingState, name: str, version_name: str | None) -> di
     if isinstance(version, PipelineVersion):  # an ensemble's: its steps, no engine
         return version.triton_config()
     loaded = version.loaded
-    return triton_config(
+    config = triton_config(
         name=name,
         resolved=version.resolved,
         policy=version.config.version_policy,
@@ -387,6 +387,14 @@ def model_config(state: ServingState, name: str, version_name: str | None) -> di
         outputs=[(t["name"], t["datatype"], t["shape"]) for t in version.tensor_metadata(True)],
         queue=version.admission.triton_policy(),
     )
+    if version.sequence is not None:  # a stateful model (ferry.serving._sequence)
+        config["sequence_batching"] = version.sequence.triton_config()
+        # Triton's sequence batcher batches itself (dynamic_batching is the other of a oneof).
+        batching = config.pop("dynamic_batching", None)
+        if batching is not None:
+            delay = batching.get("max_queue_delay_microseconds", 0)
+            config["sequence_batching"]["oldest"] = {"max_queue_delay_microseconds": delay}
+    return config
 
 
 async def _stats(request: Request) -> Response:

@@ -225,6 +225,12 @@ class _Mapper:
             data["sequence_batching"] = json_format.MessageToDict(
                 m.sequence_batching, preserving_proto_field_name=True
             )
+            if m.max_batch_size > 0:  # Triton's sequence batcher batches sequences: ferry's
+                # dynamic batcher does, with the strategy's delay (the two are a oneof there)
+                sequence = m.sequence_batching
+                strategy = sequence.oldest if sequence.HasField("oldest") else sequence.direct
+                delay = strategy.max_queue_delay_microseconds
+                data["dynamic_batching"] = {"max_queue_delay_microseconds": delay}
         if m.instance_group:
             data["instance_group"] = [self.instance_group(g) for g in m.instance_group]
         if m.HasField("version_policy"):

@@ -44,7 +44,7 @@ import numpy as np
 from ferry._state_names import STATE_INPUT_PREFIX, STATE_OUTPUT_PREFIX
 from ferry.errors import InvalidInputError, ModelLoadError
 from ferry.serving._batcher import BatchOutcome
-from ferry.serving._codec import DATATYPES
+from ferry.serving._codec import DATATYPES, datatype_of
 from ferry.serving._config import _TRITON_TYPES, ConfigError, _check_keys, _int
 
 __all__ = [
@@ -222,6 +222,24 @@ class SequencePlan:
     @property
     def state_outputs(self) -> frozenset[str]:
         return frozenset(self.outputs.values())
+
+    def triton_config(self) -> dict[str, Any]:
+        """``sequence_batching`` as Triton's config JSON shows it (``/config``, gRPC's
+        ``ModelConfig``); dims after the batch dim on a batching model."""
+        states = []
+        for name, value in self.inputs.items():
+            dtype = _TRITON_TYPES[datatype_of(value.dtype)]
+            state: dict[str, Any] = {
+                "input_name": name,
+                "output_name": self.outputs[name],
+                "data_type": dtype,
+                "dims": list(value.shape),
+            }
+            if not value.any():
+                zeros = {"data_type": dtype, "dims": list(value.shape), "zero_data": True}
+                state["initial_state"] = [{**zeros, "name": "zeros"}]
+            states.append(state)
+        return {"max_sequence_idle_microseconds": self.max_idle_us, "state": states}
 
     def initial(self, rows: int) -> dict[str, np.ndarray]:
         """Fresh state for a sequence whose requests have ``rows`` rows."""
