@@ -101,6 +101,12 @@ sequence_batching {
 """
 
 
+DECLARED = """
+input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 1, 3 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 1, 1 ] } ]
+"""
+
+
 def chunks(seed: int, count: int = CHUNKS) -> list[np.ndarray]:
     rng = np.random.default_rng(100 + seed)
     return [rng.normal(size=(1, FEATURES)).astype(np.float32) for _ in range(count)]
@@ -139,6 +145,9 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     write_model(path, "triton_style", 1, recurrent(1, TRITON_NAMES))
     (path / "triton_style" / "config.pbtxt").write_text(PBTXT)
+    # Declared tensors leave the state out, as in Triton (it is implicit).
+    write_model(path, "triton_declared", 1, recurrent(1, TRITON_NAMES))
+    (path / "triton_declared" / "config.pbtxt").write_text(PBTXT + DECLARED)
     return path
 
 
@@ -226,6 +235,9 @@ def test_one_at_a_time_is_bit_exact(server: Any) -> None:
         np.testing.assert_array_equal(g, w)
     got = run_stream(server, "triton_style", 7, stream, name="INPUT")
     want = by_hand(recurrent(1, TRITON_NAMES), stream, TRITON_NAMES)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    got = run_stream(server, "triton_declared", 8, stream, name="INPUT")
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
     got = run_stream(server, "rnn_plain", 1, stream[:3])

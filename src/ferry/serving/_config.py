@@ -47,6 +47,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from ferry._state_names import STATE_INPUT_PREFIX, STATE_OUTPUT_PREFIX
 from ferry.errors import FerryError, InvalidInputError, ModelLoadError
 from ferry.serving._admission import QueuePolicy, parse_queue_policy
 
@@ -206,6 +207,8 @@ class ResolvedConfig:
     preferred_batch_sizes: tuple[int, ...]
     instance_count: int
 
+
+_STATE_PREFIXES = (STATE_INPUT_PREFIX, STATE_OUTPUT_PREFIX)
 
 _KEYS = {
     "name",
@@ -507,6 +510,9 @@ def _check_declared(
     ``batched`` the model's leading (batch) dim is not in ``dims``. Every model input must be
     declared when any is; outputs may be a subset (the others are served too, with a warning)."""
     where = f"{config.source or 'config'} of model {name!r}"
+    sequence = config.sequence_batching
+    state = {n for s in (sequence.states if sequence is not None else ()) for n in s.names}
+    state |= {s.name for s in [*inputs, *outputs] if s.name.startswith(_STATE_PREFIXES)}
     for kind, declared, specs in (
         ("input", config.inputs, inputs),
         ("output", config.outputs, outputs),
@@ -534,7 +540,8 @@ def _check_declared(
                     f"{where}: {kind} {tensor.name!r} has {what} {list(tensor.model_dims)}, "
                     f"but {problem}"
                 )
-        missing = [n for n in by_name if n not in {t.name for t in declared}]
+        # A stateful model's state is implicit (Triton's rule): the server feeds it, never a client.
+        missing = [n for n in by_name if n not in {t.name for t in declared} and n not in state]
         if missing and kind == "input":
             raise ConfigError(
                 f"{where}: the model's input {', '.join(map(repr, missing))} is not declared; "

@@ -101,6 +101,10 @@ class StateConfig:
     dtype: np.dtype[Any] | None = None
     dims: tuple[int, ...] | None = None
 
+    @property
+    def names(self) -> tuple[str, str]:
+        return self.input_name, self.output_name
+
 
 @dataclasses.dataclass(frozen=True)
 class SequenceConfig:
