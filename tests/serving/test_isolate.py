@@ -238,6 +238,9 @@ def test_the_wire_carries_tensors_of_every_kind_and_the_engines_errors() -> None
         with pytest.raises(InvalidInputError):
             worker.run({"x": np.zeros((2, 5), np.float32)})
         np.testing.assert_array_equal(worker.run({"x": x[:0]})["y"], np.zeros((0, 4)))
+        for rows in (20_000, 5_000, 90_000):  # through shared memory, which grows as needed
+            big = np.random.default_rng(rows).standard_normal((rows, 4)).astype(np.float32)
+            np.testing.assert_array_equal(worker.run({"x": big})["y"], big + 1)
     finally:
         worker.stop()
     assert not worker.alive

@@ -34,7 +34,8 @@ import numpy as np
 
 from ferry.errors import EngineClosedError, ModelLoadError
 from ferry.serving._config import ModelConfig
-from ferry.serving._isolate_worker import WorkerSpec, receive, send, worker_main
+from ferry.serving._isolate_wire import Wire
+from ferry.serving._isolate_worker import WorkerSpec, worker_main
 from ferry.serving._scheduler import LoadedModel, load_version, warm_up
 
 __all__ = [
@@ -99,12 +100,14 @@ class WorkerSession:
         self.outputs: list[Any] = []
         self.plan: Any = None
         self.process: Any = None
-        self._conn: multiprocessing.connection.Connection | None = None
+        self._wire: Wire | None = None
         self._lock = threading.Lock()  # one call on the pipe at a time
         #: Why calls are refused now (None: the worker runs them).
         self.refusal: str | None = "not started"
         #: Whether a worker that dies is restarted (once its version serves).
         self.restarts = False
+        #: Called with the reason when a call finds the worker dead (before it fails).
+        self.on_death: Callable[[str], None] | None = None
 
     # -- the process -------------------------------------------------------------------------
 
@@ -121,6 +124,7 @@ class WorkerSession:
         )
         process.start()
         theirs.close()
+        wire = Wire(ours, owner=True)
         name = self.spec.name
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         try:
@@ -135,18 +139,18 @@ class WorkerSession:
                     raise ModelLoadError(
                         f"model {name!r}: its worker did not load in {STARTUP_TIMEOUT_S:g} s"
                     )
-            message = receive(ours)
+            message = wire.receive()
         except BaseException:
             _end(process)
-            ours.close()
+            wire.close()
             raise
         if message[0] != "ready":
             _end(process)
-            ours.close()
+            wire.close()
             raise ModelLoadError(f"model {name!r}: {message[1]}")
         _, self.inputs, self.outputs, self.plan = message
         with self._lock:
-            self.process, self._conn = process, ours
+            self.process, self._wire = process, wire
             self.refusal = None
 
     @property
@@ -161,30 +165,30 @@ class WorkerSession:
         """From now on the calls are traffic: a live session learns from them (until now they
         were the load's probes and warm-up)."""
         with self._lock:
-            if self._conn is not None:
-                send(self._conn, ("serve",))
+            if self._wire is not None:
+                self._wire.send(("serve",))
 
     def stop(self, grace: float = STOP_GRACE_S) -> None:
         """Ask the worker to exit, terminate it after ``grace`` seconds, reap it.
 
         A call in flight (a drain cut short) is not waited for: the worker is terminated.
         """
-        process, conn = self.process, self._conn
+        process, wire = self.process, self._wire
         self.refusal = "stopped"
         if process is None:
             return
         if self._lock.acquire(timeout=0.05):
             try:
-                if conn is not None:
-                    send(conn, ("stop",))
+                if wire is not None:
+                    wire.send(("stop",))
             except (OSError, ValueError):
                 pass  # already gone
             finally:
                 self._lock.release()
         _end(process, grace)
-        if conn is not None:
-            conn.close()
-        self._conn = None
+        if wire is not None:
+            wire.close()
+        self._wire = None
 
     # -- the session's face ------------------------------------------------------------------
 
@@ -211,16 +215,18 @@ class WorkerSession:
     def _exchange(self, message: Any) -> Any:
         name = self.spec.name
         with self._lock:
-            conn = self._conn
-            if self.refusal is not None or conn is None:
+            wire = self._wire
+            if self.refusal is not None or wire is None:
                 raise WorkerDiedError(f"model {name!r} is unavailable: {self.refusal}")
             try:
-                send(conn, message)
-                reply = receive(conn)
+                wire.send(message)
+                reply = wire.receive()
             except (EOFError, OSError):
                 why = exit_text(_exit_code(self.process))
                 then = "; restarting" if self.restarts else ""
                 self.refusal = f"worker died ({why}){then}"
+                if self.on_death is not None:
+                    self.on_death(self.refusal)
                 raise WorkerDiedError(f"model {name!r} worker died ({why}){then}") from None
         if reply[0] == "error":
             raise reply[1]
@@ -324,6 +330,7 @@ class Isolation:
         self.warm = warm
         for worker in self.workers:
             worker.restarts = True
+            worker.on_death = self._died
             worker.serve()
         self._watcher = threading.Thread(
             target=self._watch, name=f"ferry-{self.name}-isolation", daemon=True
@@ -339,6 +346,12 @@ class Isolation:
             worker.stop()
 
     # -- restarts ----------------------------------------------------------------------------
+
+    def _died(self, reason: str) -> None:
+        """Down at once, when a call finds its worker dead: the next request must not wait
+        for the watcher to notice."""
+        if self.down is None:
+            self.down = reason
 
     def _watch(self) -> None:
         while not self._closed.is_set():

@@ -4,10 +4,8 @@ A worker loads one instance of a model with :func:`ferry.runtime.load` (the opti
 would load it with in-process), reports its input and output specs and its plan, then runs the
 calls its parent sends until told to stop, or until its parent dies (it then exits: no orphan).
 
-The wire is a pipe carrying pickle protocol 5 messages whose numpy buffers travel out of band:
-a header (the pickle, with each buffer's size) and then each buffer as it is, received straight
-into a fresh writable buffer. A tensor is copied once into the pipe and once out of it; nothing is
-encoded.
+Messages travel by :class:`ferry.serving._isolate_wire.Wire` (a pipe, and shared memory for
+large tensors).
 """
 
 from __future__ import annotations
@@ -21,7 +19,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WorkerSpec", "receive", "send", "worker_main"]
+from ferry.serving._isolate_wire import Wire
+
+__all__ = ["WorkerSpec", "worker_main"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,34 +48,6 @@ class WorkerSpec:
     registry: dict[str, str]
 
 
-def send(conn: Connection, message: Any) -> None:
-    """Send ``message``; its contiguous numpy buffers go out of band (no copy into the pickle)."""
-    buffers: list[pickle.PickleBuffer] = []
-    header = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
-    raws = [b.raw() for b in buffers]
-    conn.send_bytes(pickle.dumps((header, [r.nbytes for r in raws]), protocol=5))
-    for raw in raws:
-        conn.send_bytes(raw)
-
-
-def receive(conn: Connection) -> Any:
-    """Receive what :func:`send` sent; arrays come back writable, in buffers of their own.
-
-    Raises:
-        EOFError: the other end is gone.
-    """
-    header, sizes = pickle.loads(conn.recv_bytes())
-    buffers = []
-    for size in sizes:
-        buffer = bytearray(size)
-        if size:
-            conn.recv_bytes_into(buffer)
-        else:
-            conn.recv_bytes()
-        buffers.append(buffer)
-    return pickle.loads(header, buffers=buffers)
-
-
 def worker_main(conn: Connection, spec: WorkerSpec) -> None:
     """A worker process: load the instance, report ready, run calls until told to stop.
 
@@ -85,6 +57,7 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
     take no bucket), ``("stop",)``. Out: ``("ready", inputs, outputs, plan)`` or ``("failed",
     message)`` once, then ``("ok", result)`` or ``("error", exception)`` per call.
     """
+    wire = Wire(conn, owner=False)
     # Ctrl-C reaches the whole process group: the server drains and then stops its workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with_parent()
@@ -95,18 +68,18 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
         session = _load(spec)
     except Exception as e:
         text = str(e) if type(e).__module__.startswith("ferry") else f"{type(e).__name__}: {e}"
-        send(conn, ("failed", text))
+        wire.send(("failed", text))
         return
     from ferry.runtime import LiveSession, Session
 
-    send(conn, ("ready", list(session.inputs), list(session.outputs), session.plan))
+    wire.send(("ready", list(session.inputs), list(session.outputs), session.plan))
     from ferry.serving._scheduler import _probe_session
 
     learning = False
     probe: Any = None
     while True:
         try:
-            message = receive(conn)
+            message = wire.receive()
         except (EOFError, OSError):
             return
         kind = message[0]
@@ -119,7 +92,7 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
             if kind == "call":
                 probe = probe or _probe_session(session)
                 result = message[1](probe, *message[2])
-                send(conn, ("ok", result))
+                wire.send(("ok", result))
                 continue
             _, feeds, outputs = message
             if isinstance(session, LiveSession) and not learning:
@@ -127,9 +100,9 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
             else:
                 result = session.run(feeds, outputs)
         except Exception as e:
-            send(conn, ("error", _picklable(e)))
+            wire.send(("error", _picklable(e)))
             continue
-        send(conn, ("ok", result))
+        wire.send(("ok", result))
 
 
 def _load(spec: WorkerSpec) -> Any:
