@@ -265,19 +265,38 @@ def test_four_times_capacity_every_request_answered(
     assert 'ferry_inference_pending_request_count{model="slow",version="1"} 0.0' in metrics
 
 
-def _send(url: str, ident: int, timeout_us: int | None, out: dict[int, httpx.Response]) -> None:
-    out[ident] = httpx.post(url, json=body(ident, timeout_us), timeout=30)
+def _send(url: str, ident: int, timeout_us: Any, out: dict[int, httpx.Response]) -> None:
+    if isinstance(timeout_us, bytes):  # a body as it is
+        out[ident] = httpx.post(url, content=timeout_us, timeout=30)
+    else:
+        out[ident] = httpx.post(url, json=body(ident, timeout_us), timeout=30)
 
 
-def _burst(url: str, requests: list[tuple[int, int | None]], gap: float) -> dict[int, Any]:
-    """Send ``(id, timeout_us)`` requests ``gap`` s apart, each on its own thread; the answers."""
+def _until(condition: Any, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def _burst(
+    server: ServerThread, requests: list[tuple[int, Any]], log: list[float]
+) -> dict[int, Any]:
+    """Send ``(id, timeout_us)`` requests to model ``slow`` in this order, each on its own
+    thread: the first, and once the model runs it (``log``), each of the others once the one
+    before it is queued or answered. The answers (``timeout_us`` bytes: send them as the body)."""
+    url = f"{server.url}/v2/models/slow/infer"
+    admission = server.app.state.ferry.repository.get("slow").admission
     out: dict[int, httpx.Response] = {}
     threads = []
-    for ident, timeout_us in requests:
+    for index, (ident, timeout_us) in enumerate(requests):
+        before = admission.waiting
         thread = threading.Thread(target=_send, args=(url, ident, timeout_us, out))
         thread.start()
         threads.append(thread)
-        time.sleep(gap)
+        if index == 0:
+            _until(lambda: bool(log))
+        else:
+            _until(lambda: ident in out or admission.waiting > before)  # noqa: B023
     for thread in threads:
         thread.join(30)
     return out
@@ -291,8 +310,7 @@ def test_queued_request_past_its_timeout_never_runs(repo: Path) -> None:
     server = serve(repo)
     try:
         log = slow_down(server.app, "slow", 0.4)
-        url = f"{server.url}/v2/models/slow/infer"
-        out = _burst(url, [(0, 100_000), (1, 100_000), (2, 100_000), (3, None)], 0.03)
+        out = _burst(server, [(0, 100_000), (1, 100_000), (2, 100_000), (3, None)], log)
         assert out[0].status_code == 200 and out[3].status_code == 200
         for ident in (1, 2):
             assert out[ident].status_code == 429
@@ -312,9 +330,9 @@ def test_queued_request_past_its_timeout_never_runs(repo: Path) -> None:
 
 
 def test_batched_queue_policy_from_config(repo: Path) -> None:
-    """Dynamic batching with a config's policy: a 100 ms default timeout and a queue of 2."""
+    """Dynamic batching with a config's policy: a 300 ms default timeout and a queue of 2."""
     write_model(repo, "slow", 1, add_const(K))
-    policy = {"max_queue_size": 2, "default_timeout_microseconds": 100_000}
+    policy = {"max_queue_size": 2, "default_timeout_microseconds": 300_000}
     write_config(
         repo,
         "slow",
@@ -326,27 +344,28 @@ def test_batched_queue_policy_from_config(repo: Path) -> None:
     )
     server = serve(repo)
     try:
-        log = slow_down(server.app, "slow", 0.4)
-        url = f"{server.url}/v2/models/slow/infer"
-        # 0 runs; 1 and 2 queue (and time out); 3 finds the queue full.
-        out = _burst(url, [(0, None), (1, None), (2, None), (3, 10_000_000)], 0.02)
+        log = slow_down(server.app, "slow", 0.8)
+        # 0 runs; 1 and 2 queue (and time out); 3 finds the queue full, and so does 4, whose
+        # body is not even read as JSON: refused before it is decoded.
+        requests = [(0, None), (1, None), (2, None), (3, 10_000_000), (4, b"{not json")]
+        out = _burst(server, requests, log)
         assert out[0].status_code == 200
         assert out[0].json()["outputs"][0]["data"] == [0 + K] * 4
         for ident in (1, 2):
             assert out[ident].status_code == 429
             assert "Request timeout expired" in out[ident].json()["error"]
-        assert out[3].status_code == 429
+        assert out[3].status_code == 429 and out[4].status_code == 429
         error = out[3].json()["error"]
         assert "max_queue_size 2" in error and "default_queue_policy" in error
         assert log == [0.0]
         metrics = httpx.get(f"{server.url}/metrics").text
         assert 'ferry_inference_queue_timeout_total{model="slow",version="1"} 2.0' in metrics
-        assert 'ferry_inference_rejected_total{model="slow",version="1"} 1.0' in metrics
+        assert 'ferry_inference_rejected_total{model="slow",version="1"} 2.0' in metrics
         config = httpx.get(f"{server.url}/v2/models/slow/config").json()
         assert config["dynamic_batching"]["default_queue_policy"] == {
             "max_queue_size": 2,
             "timeout_action": "REJECT",
-            "default_timeout_microseconds": 100_000,
+            "default_timeout_microseconds": 300_000,
             "allow_timeout_override": False,
         }
     finally:
@@ -368,9 +387,8 @@ def test_delay_runs_late_requests_after_those_in_time(repo: Path) -> None:
     )
     server = serve(repo)
     try:
-        log = slow_down(server.app, "slow", 0.3)
-        url = f"{server.url}/v2/models/slow/infer"
-        out = _burst(url, [(0, None), (1, 50_000), (2, None)], 0.03)
+        log = slow_down(server.app, "slow", 0.8)
+        out = _burst(server, [(0, None), (1, 20_000), (2, None)], log)
         assert {i: r.status_code for i, r in out.items()} == {0: 200, 1: 200, 2: 200}
         assert log == [0.0, 2.0, 1.0]
     finally:

@@ -274,6 +274,17 @@ class Admission:
         Raises:
             QueueFullError: the queue holds its limit already.
         """
+        self.check()
+        self.waiting += 1
+        return Ticket(self, self.policy.timeout_us(requested_timeout_us))
+
+    def check(self) -> None:
+        """Refuse a request now if the queue is full (before its body is decoded: a refusal
+        should cost the server nothing the admitted requests need).
+
+        Raises:
+            QueueFullError: the queue holds its limit already.
+        """
         if self.limit and self.waiting >= self.limit:
             self.rejected += 1
             if self._recorder is not None:
@@ -285,8 +296,6 @@ class Admission:
                 f"about {after:.2g} s, or raise the limit ({self.knob})",
                 retry_after=after,
             )
-        self.waiting += 1
-        return Ticket(self, self.policy.timeout_us(requested_timeout_us))
 
     def triton_policy(self) -> dict[str, Any]:
         """The policy in force as Triton's ``/config`` shows ``default_queue_policy``."""

@@ -523,6 +523,7 @@ async def _infer_core(
     try:
         try:
             body = await _read_body(headers, receive, state.max_request_bytes)
+            version.admission.check()  # a full queue refuses before the body is decoded
             decoded = decode_request(body, _header_length(headers))
             outcome, sends, prepared = await infer_decoded(state, version, decoded)
             computed = time.perf_counter_ns()
