@@ -76,7 +76,8 @@ def wait_ready(client: TestClient, path: str, timeout: float = START_TIMEOUT) ->
 
 
 def worker_pids(client: TestClient, model: str) -> list[int]:
-    version = client.app.state.ferry.repository.get(model)  # type: ignore[attr-defined]
+    repository = client.app.state.ferry.repository  # type: ignore[attr-defined]
+    version = repository.serving(model)[-1]  # serving, even while down
     return [w.process.pid for w in version.loaded.isolation.workers]
 
 
@@ -174,6 +175,13 @@ def test_repeated_crashes_leave_the_model_unavailable_saying_why(
         time.sleep(0.3)  # no restart comes
         assert client.get("/v2/models/crash/ready").status_code == 400
         assert answer(client, "plain", X)[0] == 200
+        pids = worker_pids(client, "crash")
+        # A load request loads it again, though its files did not change.
+        assert client.post("/v2/repository/models/crash/load").status_code == 200
+        status, y = answer(client, "crash", X)
+        assert status == 200
+        np.testing.assert_allclose(y, X + 1)
+        assert all(gone(pid) for pid in pids)
 
 
 def test_isolated_answers_equal_in_process_answers(repo: Path) -> None:

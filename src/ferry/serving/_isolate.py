@@ -48,6 +48,7 @@ __all__ = [
     "WorkerSession",
     "down_reason",
     "exit_text",
+    "gave_up",
     "load_isolated",
 ]
 
@@ -285,6 +286,8 @@ class Isolation:
         self.workers: list[WorkerSession] = []
         #: Why the version is not serving now (None: it is).
         self.down: str | None = None
+        #: Crashed too often: not restarted any more.
+        self.gave_up = False
         self.crashes: collections.deque[float] = collections.deque()
         self.warm: Callable[[WorkerSession], str | None] | None = None
         self._closed = threading.Event()
@@ -387,6 +390,7 @@ class Isolation:
                     "restarted: fix the model or its engine, then load it again"
                 )
                 worker.refusal = self.down
+                self.gave_up = True
                 logger.error("model %r: %s", self.name, self.down)
                 return
             self.down = worker.refusal
@@ -431,6 +435,13 @@ def load_isolated(name: str, model_file: Path, config: ModelConfig, **options: A
 
     isolation.watch(warm)
     return loaded
+
+
+def gave_up(version: Any) -> bool:
+    """Whether an isolated version's workers crashed too often to be restarted (a load
+    request then loads it again)."""
+    isolation = getattr(getattr(version, "loaded", None), "isolation", None)
+    return isolation is not None and isolation.gave_up
 
 
 def down_reason(version: Any) -> str | None:

@@ -51,7 +51,7 @@ from ferry.serving._config import (
 from ferry.serving._config_file import read_config
 from ferry.serving._declared import DeclaredVersion
 from ferry.serving._generative import GenerationSettings, GenerativeVersion, load_generative
-from ferry.serving._isolate import down_reason, load_isolated
+from ferry.serving._isolate import down_reason, gave_up, load_isolated
 from ferry.serving._metrics import Metrics, VersionRecorder
 from ferry.serving._pipeline import is_pipeline_file, load_pipeline, pipeline_down, pipeline_files
 from ferry.serving._repository_files import (
@@ -570,7 +570,8 @@ class ModelRepository:
             to_load: list[VersionFiles] = []
             for number, files in wanted.items():
                 current = entry.fingerprints.get(number) if number in entry.serving else None
-                if current == files.fingerprint and not config_changed:
+                stuck = retry and gave_up(entry.serving.get(number))  # a load request restarts it
+                if current == files.fingerprint and not config_changed and not stuck:
                     continue
                 attempt = (files.fingerprint, scan.config_key)
                 if not retry and entry.failed.get(number) == attempt:
