@@ -413,3 +413,44 @@ def test_serve_has_max_queue_size() -> None:
     assert "--max-queue-size" in result.output
     result = CliRunner().invoke(cli, ["serve", "x", "--max-queue-size", "-1"])
     assert result.exit_code != 0 and "max-queue-size" in result.output
+
+
+def test_grpc_refusals(repo: Path) -> None:
+    """Over gRPC a full queue is RESOURCE_EXHAUSTED and a queued request's timeout (the client's
+    ``timeout``) is answered unrun, with the same words as over HTTP."""
+    tgrpc = pytest.importorskip("tritonclient.grpc")
+    from tritonclient.utils import InferenceServerException
+
+    from ferry.serving import GrpcServer
+
+    write_model(repo, "slow", 1, add_const(K))
+    write_config(repo, "slow", {"max_batch_size": 0, "instance_group": [{"count": 1}]})
+    app = create_app(repo, warmup=False, max_queue_size=1)
+    with ServerThread(app, port=0) as server, GrpcServer(app, port=0) as grpc_server:
+        assert app.state.ferry.started.wait(60)
+        log = slow_down(app, "slow", 0.6)
+        client = tgrpc.InferenceServerClient(grpc_server.address)
+        x = tgrpc.InferInput("x", [1, 4], "FP32")
+        x.set_data_from_numpy(np.full((1, 4), 7, np.float32))
+        try:
+            # 0 runs, and the queue (of 1) is empty: the gRPC request waits past its 50 ms.
+            busy = threading.Thread(target=_burst, args=(server, [(0, None)], log))
+            busy.start()
+            _until(lambda: bool(log))
+            with pytest.raises(InferenceServerException) as late:
+                client.infer("slow", [x], timeout=50_000)
+            assert "Request timeout expired" in late.value.message()
+            # 1 waits in the queue: the next is refused.
+            waiting = threading.Thread(target=_burst, args=(server, [(1, None)], log))
+            waiting.start()
+            admission = app.state.ferry.repository.get("slow").admission
+            _until(lambda: admission.waiting == 1)
+            with pytest.raises(InferenceServerException) as full:
+                client.infer("slow", [x])
+            assert "RESOURCE_EXHAUSTED" in str(full.value.status())
+            assert "max_queue_size 1" in full.value.message()
+            busy.join(30)
+            waiting.join(30)
+        finally:
+            client.close()
+    assert 7.0 not in log
