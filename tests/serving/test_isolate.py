@@ -191,7 +191,7 @@ def test_isolated_answers_equal_in_process_answers(repo: Path) -> None:
     for isolate in (False, True):
         with TestClient(create_app(repo, isolate=isolate)) as client:
             wait_ready(client, "/v2/health/ready")
-            isolated = client.app.state.ferry.repository.get("add").loaded.isolation  # type: ignore[attr-defined]
+            isolated = client.app.state.ferry.repository.get("add").loaded.isolation
             assert (isolated is not None) == isolate
             meta = client.get("/v2/models/add").json()
             config = client.get("/v2/models/add/config").json()
@@ -254,6 +254,19 @@ def test_the_wire_carries_tensors_of_every_kind_and_the_engines_errors() -> None
     assert not worker.alive
     with pytest.raises(_isolate.WorkerDiedError, match="model 'add' is unavailable: stopped"):
         worker.run({"x": x})
+
+
+def test_a_load_that_fails_in_the_worker_says_why_and_leaves_no_worker(tmp_path: Path) -> None:
+    from ferry.errors import ModelLoadError
+    from ferry.serving._isolate import WorkerSession
+    from ferry.serving._isolate_worker import WorkerSpec
+
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    worker = WorkerSession(WorkerSpec("bad", bad, ("onnxruntime",), 1, None, "fixed", {}), "t-bad")
+    with pytest.raises(ModelLoadError, match=r"^model 'bad': .*bad\.onnx"):
+        worker.start()
+    assert worker.process is None and worker.refusal == "not started"
 
 
 def test_exit_text_names_signals_and_codes() -> None:

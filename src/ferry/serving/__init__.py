@@ -83,6 +83,7 @@ if TYPE_CHECKING:
         read_body,
         save_body,
     )
+    from ferry.serving._isolate import WorkerDiedError, load_isolated
     from ferry.serving._metrics import (
         FLUSH_EVERY,
         LATENCY_BUCKETS,
@@ -160,6 +161,7 @@ __all__ = [
     "VersionPolicy",
     "VersionRecorder",
     "VersionStats",
+    "WorkerDiedError",
     "available_cores",
     "batch_dim_problem",
     "bind",
@@ -175,6 +177,7 @@ __all__ = [
     "find_model_file",
     "list_models",
     "load_generative",
+    "load_isolated",
     "load_version",
     "model_name_for",
     "parse_config",
@@ -200,6 +203,7 @@ _MODULES = (
     "_codec",
     "_batcher",
     "_scheduler",
+    "_isolate",
     "_generative",
     "_repository",
     "_state",

@@ -244,7 +244,8 @@ def _exit_code(process: Any, timeout: float = 2.0) -> int | None:
         with contextlib.suppress(OSError):
             process.join(0.05)
         if process.exitcode is not None or time.monotonic() > deadline:
-            return process.exitcode  # type: ignore[no-any-return]
+            code: int | None = process.exitcode
+            return code
 
 
 def _end(process: Any, grace: float = STOP_GRACE_S) -> None:

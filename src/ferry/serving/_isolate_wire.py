@@ -66,7 +66,7 @@ class Wire:
         for raw in raws:
             size = raw.nbytes
             if size >= SHARED_MIN_BYTES and block is not None and offset + size <= block.size:
-                block.buf[offset : offset + size] = raw
+                _view(block)[offset : offset + size] = raw
                 layout.append((offset, size))
                 offset = _aligned(offset + size)
             else:
@@ -95,7 +95,7 @@ class Wire:
             # Into numpy buffers: a bytearray is zeroed first, and copies into it are slower.
             if offset >= 0:
                 assert self._in is not None
-                buffer = np.frombuffer(self._in.buf, np.uint8, size, offset).copy()
+                buffer = np.frombuffer(_view(self._in), np.uint8, size, offset).copy()
             else:
                 buffer = np.empty(size, np.uint8)
                 if size:
@@ -116,6 +116,12 @@ class Wire:
                 _release(block, self.owner)
         self._out = self._in = None
         self.conn.close()
+
+
+def _view(block: SharedMemory) -> memoryview:
+    view = block.buf
+    assert view is not None  # None only once closed
+    return view
 
 
 def _name(block: SharedMemory | None) -> str | None:
