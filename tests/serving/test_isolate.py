@@ -184,6 +184,30 @@ def test_repeated_crashes_leave_the_model_unavailable_saying_why(
         assert all(gone(pid) for pid in pids)
 
 
+def test_unloading_a_model_while_its_worker_restarts_leaves_no_worker(
+    two_models: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import multiprocessing
+
+    monkeypatch.setattr(_isolate, "BACKOFF_S", 0.0)  # the restart is loading when it unloads
+    bad = X.copy()
+    bad[0, 0] = _crash_engine.CRASH_VALUE
+    with TestClient(create_app(two_models)) as client:
+        wait_ready(client, "/v2/health/ready")
+        assert answer(client, "crash", bad)[0] == 503
+        time.sleep(0.2)
+        assert client.post("/v2/repository/models/crash/unload").status_code == 200
+
+        def workers() -> list[str]:
+            return [p.name for p in multiprocessing.active_children() if "crash" in p.name]
+
+        deadline = time.monotonic() + 30
+        while workers() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert workers() == []
+        assert answer(client, "plain", X)[0] == 200
+
+
 def test_isolated_answers_equal_in_process_answers(repo: Path) -> None:
     write_model(repo, "add", 1, add_const(3.0))
     x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)

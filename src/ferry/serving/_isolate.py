@@ -401,6 +401,9 @@ class Isolation:
                 return
             try:
                 worker.start()
+                if self._closed.is_set():  # closed while it loaded: it must not outlive us
+                    worker.stop()
+                    return
                 error = self.warm(worker) if self.warm is not None else None
             except Exception as e:
                 error = str(e)
