@@ -314,10 +314,23 @@ def children(pid: int) -> list[int]:
     return [int(p) for p in out.split()]
 
 
+#: ``ferry serve`` with the crashing engine registered first (its workers learn it from there).
+_WITH_CRASHY = (
+    "import sys, _crash_engine, ferry.backends._registry as r; "
+    "r._BUILTIN[_crash_engine.NAME] = '_crash_engine:CrashEngine'; "
+    "from ferry.cli.main import main; main(sys.argv[1:])"
+)
+
+
 def serve(source: Path) -> tuple[subprocess.Popen[str], list[str]]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "COLUMNS": "200",
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path]),
+    }
     process = subprocess.Popen(
-        [sys.executable, "-m", "ferry.cli.main", "serve", str(source), "--port", "0", "--isolate"],
+        [sys.executable, "-c", _WITH_CRASHY, "serve", str(source), "--port", "0", "--isolate"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -335,6 +348,56 @@ def serve(source: Path) -> tuple[subprocess.Popen[str], list[str]]:
         time.sleep(0.05)
     time.sleep(1.0)  # past the models' table, into the wait a signal drains (not before it)
     return process, lines
+
+
+def test_ferry_serve_isolate_survives_a_segfault_and_stops_clean(two_models: Path) -> None:
+    """The whole story over HTTP, on ``ferry serve --isolate``: a segfault in one model's engine
+    is named, the other model keeps answering, the model comes back, SIGTERM leaves no worker."""
+    import http.client
+    import json
+
+    process, lines = serve(two_models)
+    port = int(re.findall(r"serving on http://127\.0\.0\.1:(\d+)", "".join(lines))[0])
+
+    def post(model: str, x: np.ndarray) -> tuple[int, Any]:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        try:
+            connection.request("POST", f"/v2/models/{model}/infer", json.dumps(body(x)))
+            response = connection.getresponse()
+            data = json.loads(response.read())
+        finally:
+            connection.close()
+        if response.status != 200:
+            return response.status, data["error"]
+        out = data["outputs"][0]
+        return 200, np.array(out["data"], np.float32).reshape(out["shape"])
+
+    try:
+        workers = children(process.pid)
+        bad = X.copy()
+        bad[0, 1] = _crash_engine.CRASH_VALUE
+        assert post("crash", bad) == (503, "model 'crash' worker died (SIGSEGV); restarting")
+        assert process.poll() is None
+        deadline = time.monotonic() + 60
+        while True:
+            status, y = post("plain", X)
+            assert status == 200
+            np.testing.assert_allclose(y, X + 2)
+            status, y = post("crash", X)
+            if status == 200 or time.monotonic() > deadline:
+                break
+            assert status == 503 and "worker died (SIGSEGV)" in y
+            time.sleep(0.1)
+        assert status == 200, y
+        np.testing.assert_allclose(y, X + 1)
+        workers += children(process.pid)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0, "".join(lines)
+        assert all(gone(pid, timeout=15, zombie=True) for pid in workers)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
