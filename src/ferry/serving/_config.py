@@ -11,6 +11,7 @@ keys (all optional, no others)::
      "precision": "bf16",
      "optimize": "basic",
      "placement": "fixed",
+     "isolate": true,
      "version_policy": {"latest": {"num_versions": 1}}}
 
 The defaults follow Triton's ONNX Runtime autocomplete: when ``max_batch_size`` is not given and every
@@ -29,6 +30,9 @@ Without it, the server's ``--precision``, else each engine's default (fp32).
 load, for its first engine, before placement; a result that computes something else or runs
 slower is not used (the model loads as it is, with a warning). Without it, the server's
 ``--optimize`` (default none).
+
+``isolate`` (``true``/``false``) runs the model's instances in worker processes, restarted when
+they crash (:mod:`ferry.serving._isolate`); without it, the server's ``--isolate``.
 
 ``placement`` (``"live"``, the default, or ``"fixed"``): with several engines offered and sizes
 unknown, a model learns its plan from the calls it serves (:class:`ferry.runtime.LiveSession`;
