@@ -22,6 +22,11 @@ pooled client; its own cost counts, as it would for a user), and, when set up, T
 generator ``perf_analyzer`` on the batched modes, as a second opinion with a client that costs
 little CPU (this machine has 2 cores, which the client shares with the servers).
 
+gRPC: the modes ``ferry-grpc``, ``ferry-grpc+batch``, ``triton-grpc``, ``triton-grpc+batch`` (not
+in the default ``--modes``) are the same servers over Triton's gRPC protocol (ferry: ``ferry serve
+--grpc-port``): ``tritonclient.grpc`` with N requests in flight on one client (each answer sends
+the next), and ``perf_analyzer -i grpc`` on the batched ones.
+
 Modes alternate in blocks (raw, ferry, ..., then reversed, ...) so drift on this shared machine
 hits them alike. Printed per cell: requests/s, p50 and p99 latency, throughput over raw ORT's, the
 server's CPU time per request (``srv us``: its process tree, from /proc), for ferry the part of it
@@ -50,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import os
 import shutil
@@ -71,8 +77,18 @@ ROOT = Path(__file__).resolve().parents[1]
 TRITON_VENV = ROOT / ".venv-triton"
 CONCURRENCY = (1, 8, 32)
 MODES = ("raw ORT", "ferry", "ferry+batch", "triton", "triton+batch")
+# The same servers over Triton's gRPC protocol (tritonclient.grpc; perf_analyzer -i grpc).
+MODES += ("ferry grpc", "ferry grpc+batch", "triton grpc", "triton grpc+batch")
 MODE_KEYS = {"raw": "raw ORT", "ferry": "ferry", "ferry+batch": "ferry+batch"}
 MODE_KEYS.update({"triton": "triton", "triton+batch": "triton+batch"})
+MODE_KEYS.update({f"{m.replace(' ', '-')}": m for m in MODES if "grpc" in m})
+#: The modes perf_analyzer also drives (the batched ones), each with the mode it is compared to.
+PA_MODES = {
+    "ferry+batch": "triton+batch",
+    "triton+batch": None,
+    "ferry grpc+batch": "triton grpc+batch",
+    "triton grpc+batch": None,
+}
 MAX_BATCH = 32
 BATCH_GOAL = 2.0  # dynamic batching on digits_cnn at c=32, ferry+batch over ferry
 DEFAULT_MODELS = "magika_like,digits_cnn"
@@ -308,6 +324,73 @@ class ServeClient:
         self.client.close()
 
 
+class GrpcServeClient:
+    """Closed-loop ``tritonclient.grpc`` requests, N in flight on one client: each answer (on
+    grpc's callback thread) sends the next request, as N synchronous clients would."""
+
+    def __init__(self, address: str, concurrency: int) -> None:
+        import tritonclient.grpc as grpcclient
+
+        self.client = grpcclient.InferenceServerClient(address)
+        self.concurrency = concurrency
+        self._grpc = grpcclient
+
+    def block(
+        self, model: str, feeds: dict[str, np.ndarray], output: str, seconds: float
+    ) -> tuple[list[float], float]:
+        from tritonclient.utils import np_to_triton_dtype
+
+        inputs = []
+        for name, array in feeds.items():
+            tensor = self._grpc.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            inputs.append(tensor.set_data_from_numpy(array))
+        outputs = [self._grpc.InferRequestedOutput(output)]
+        latencies: list[float] = []
+        errors: list[Any] = []
+        lock = threading.Lock()
+        left = [self.concurrency]
+        finished = threading.Event()
+        start = time.perf_counter()
+        deadline = start + seconds
+
+        def send() -> None:
+            t0 = time.perf_counter()
+            if t0 >= deadline or errors:
+                with lock:
+                    left[0] -= 1
+                    if not left[0]:
+                        finished.set()
+                return
+            # tritonclient calls back with keywords: callback(result=..., error=...)
+            self.client.async_infer(
+                model,
+                inputs,
+                lambda result, error: answered(t0, result, error),
+                outputs=outputs,
+            )
+
+        def answered(t0: float, result: Any, error: Any) -> None:
+            try:
+                if error is not None:
+                    errors.append(error)
+                else:
+                    result.as_numpy(output)
+                    latencies.append(time.perf_counter() - t0)
+            except Exception as e:  # on grpc's thread: lost otherwise, and the loop with it
+                errors.append(e)
+            send()
+
+        for _ in range(self.concurrency):
+            send()
+        finished.wait()
+        if errors:
+            raise SystemExit(f"tritonclient.grpc failed on {model}: {errors[0]}")
+        return latencies, time.perf_counter() - start
+
+    def close(self) -> None:
+        self.client.close()
+
+
 def _tree_cpu(pid: int) -> float:
     """CPU seconds (user + system, all threads) of ``pid`` and its descendants, from /proc."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -341,6 +424,8 @@ class Server:
     pid: int | None
     #: ferry's event loop thread (HTTP, codec, batcher: its Python per request), when found
     loop_tid: int | None = None
+    #: where it serves Triton's gRPC protocol (``host:port``)
+    grpc: str | None = None
 
     def cpu(self) -> float | None:
         return _tree_cpu(self.pid) if self.pid is not None else None
@@ -371,7 +456,11 @@ def find_loop_thread(pid: int) -> int | None:
 
 
 def served_block(
-    server: Server, client: ServeClient, model: str, bench: BenchModel, seconds: float
+    server: Server,
+    client: ServeClient | GrpcServeClient,
+    model: str,
+    bench: BenchModel,
+    seconds: float,
 ) -> Block:
     cpu0, loop0, client0 = server.cpu(), server.loop_cpu(), time.process_time()
     latencies, elapsed = client.block(model, bench.feeds, bench.output, seconds)
@@ -416,6 +505,7 @@ def perf_analyzer_run(
     batched: bool,
     workdir: Path,
     window_ms: int,
+    protocol: str = "http",
 ) -> PaResult | str:
     """One perf_analyzer measurement (its own stabilising windows); the result or why it failed."""
     data_file = workdir / f"{bench.name}-{'b' if batched else 'p'}.json"
@@ -428,7 +518,7 @@ def perf_analyzer_run(
             for name, array in bench.feeds.items()
         }
         data_file.write_text(json.dumps({"data": [entry]}))
-    report = workdir / f"pa-{model}-{concurrency}.csv"
+    report = workdir / f"pa-{model}-{concurrency}-{protocol}.csv"
     command = [
         binary,
         "-m",
@@ -436,7 +526,7 @@ def perf_analyzer_run(
         "-u",
         url.removeprefix("http://"),
         "-i",
-        "http",
+        protocol,
         "--concurrency-range",
         str(concurrency),
         "--input-data",
@@ -545,16 +635,18 @@ def _wait_ready(
 def ferry_server(repo: Path, kind: str, logs: Path) -> Iterator[Server]:
     """``ferry serve`` on ``repo``, as its own process or in a thread of this one."""
     if kind == "thread":
-        from ferry.serving import ServerThread, create_app
+        from ferry.serving import GrpcServer, ServerThread, create_app
 
-        with ServerThread(create_app(repo), host="127.0.0.1", port=0) as thread:
-            yield Server("ferry", str(thread.url), None)
+        app = create_app(repo)
+        with ServerThread(app, host="127.0.0.1", port=0) as thread, GrpcServer(app, port=0) as g:
+            yield Server("ferry", str(thread.url), None, grpc=g.address)
         return
-    port = _free_port()
+    port, grpc_port = _free_port(), _free_port()
     log = logs / "ferry.log"
+    command = [sys.executable, "-m", "ferry.cli.main", "serve", str(repo), "--port", str(port)]
     with log.open("w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "ferry.cli.main", "serve", str(repo), "--port", str(port)],
+            [*command, "--grpc-port", str(grpc_port)],
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -562,7 +654,8 @@ def ferry_server(repo: Path, kind: str, logs: Path) -> Iterator[Server]:
     try:
         _wait_ready(url, process, "ferry serve", log, [])
         time.sleep(0.5)  # idle: its event loop waits in epoll
-        yield Server("ferry", url, process.pid, find_loop_thread(process.pid))
+        grpc = f"127.0.0.1:{grpc_port}"
+        yield Server("ferry", url, process.pid, find_loop_thread(process.pid), grpc=grpc)
     finally:
         _stop(process)
 
@@ -621,7 +714,7 @@ def triton_server(
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(url, process, "the Triton worker", log, [m["name"] for m in spec["models"]])
-        yield Server("triton", url, process.pid)
+        yield Server("triton", url, process.pid, grpc=f"127.0.0.1:{spec['grpc_port']}")
     finally:
         with suppress(OSError):
             process.stdin.close()  # type: ignore[union-attr]  # the worker stops Triton
@@ -855,9 +948,14 @@ def measure_model(
     cells: dict[tuple[str, int], Cell] = {}
     profiles: list[tuple[Path, int]] = []
     for concurrency in concurrencies:
-        clients = {kind: ServeClient(server.url, concurrency) for kind, server in servers.items()}
+        clients: dict[str, ServeClient | GrpcServeClient] = {
+            kind: GrpcServeClient(server.url, concurrency)
+            if kind.endswith("grpc")
+            else ServeClient(server.url, concurrency)
+            for kind, server in servers.items()
+        }
 
-        def served(mode: str, client: ServeClient) -> Callable[[float], Block]:
+        def served(mode: str, client: ServeClient | GrpcServeClient) -> Callable[[float], Block]:
             server = servers[mode.split("+")[0]]
             model = f"{bench.name}_{'batched' if mode.endswith('+batch') else 'plain'}"
             return lambda s: served_block(server, client, model, bench, s)
@@ -1018,6 +1116,9 @@ def main(argv: list[str] | None = None) -> int:
                 servers = {"ferry": ferry_srv}
                 if triton_srv is not None:
                     servers["triton"] = triton_srv
+                for kind, srv in list(servers.items()):  # the same server over gRPC
+                    if srv.grpc is not None and any(m.startswith(f"{kind} grpc") for m in modes):
+                        servers[f"{kind} grpc"] = dataclasses.replace(srv, url=srv.grpc)
                 for bench in models:
                     results[bench.name], profiles[bench.name] = measure_model(
                         bench,
@@ -1031,7 +1132,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     if pa is None:
                         continue
-                    for mode in ("ferry+batch", "triton+batch"):
+                    for mode in PA_MODES:
                         if mode not in modes:
                             continue
                         server = servers[mode.split("+")[0]]
@@ -1045,6 +1146,7 @@ def main(argv: list[str] | None = None) -> int:
                                 True,
                                 work,
                                 args.pa_window_ms,
+                                "grpc" if "grpc" in mode else "http",
                             )
     load2 = os.getloadavg()[0]
     return report(results, pa_results, profiles, modes, concurrencies, started, load1, load2)
@@ -1074,12 +1176,13 @@ def report(
     load2: float,
 ) -> int:
     header = (
-        f"{'model':<12}{'mode':<13}{'conc':>5}{'req/s':>8}{'p50 ms':>8}{'p99 ms':>8}{'vs raw':>7}"
+        f"{'model':<12}{'mode':<18}{'conc':>5}{'req/s':>8}{'p50 ms':>8}{'p99 ms':>8}{'vs raw':>7}"
         f"{'srv us':>8}{'loop us':>8}{'cli us':>8}"
     )
     print()
-    print("tritonclient.http (srv us: server CPU per request, all its processes; loop us: ferry's")
-    print("event loop thread CPU per request; cli us: this client's CPU per request)")
+    print("tritonclient.http, .grpc for the grpc modes (srv us: server CPU per request, all its")
+    print("processes; loop us: ferry's event loop thread CPU per request; cli us: this client's")
+    print("CPU per request)")
     print(header)
     print("-" * len(header))
     for name, cells in results.items():
@@ -1093,7 +1196,7 @@ def report(
                 loop = cell.per_request_us(cell.loop_cpu, cell.has_loop_cpu)
                 cli = float("nan") if mode == "raw ORT" else cell.per_request_us(cell.client_cpu)
                 print(
-                    f"{name:<12}{mode:<13}{concurrency:>5}{cell.throughput:>8.0f}"
+                    f"{name:<12}{mode:<18}{concurrency:>5}{cell.throughput:>8.0f}"
                     f"{cell.percentile(50):>8.2f}{cell.percentile(99):>8.2f}{_f(ratio, 7, 2)}"
                     f"{_f(srv, 8)}{_f(loop, 8)}{_f(cli, 8)}"
                 )
@@ -1101,7 +1204,12 @@ def report(
     batch_misses: list[str] = []  # dynamic batching's own goal
     pairs = [
         (f, t)
-        for f, t in (("ferry", "triton"), ("ferry+batch", "triton+batch"))
+        for f, t in (
+            ("ferry", "triton"),
+            ("ferry+batch", "triton+batch"),
+            ("ferry grpc", "triton grpc"),
+            ("ferry grpc+batch", "triton grpc+batch"),
+        )
         if f in modes and t in modes
     ]
     if pairs:
@@ -1129,26 +1237,26 @@ def report(
     if pa_results:
         print()
         print("perf_analyzer (Triton's C++ load generator), batched models")
-        head = f"{'model':<12}{'mode':<13}{'conc':>5}{'req/s':>8}{'p50 ms':>8}{'p99 ms':>8}{'ferry/triton':>13}"
+        head = f"{'model':<12}{'mode':<18}{'conc':>5}{'req/s':>8}{'p50 ms':>8}{'p99 ms':>8}{'ferry/triton':>13}"
         print(head)
         print("-" * len(head))
         for name in results:
             for concurrency in concurrencies:
-                for mode in ("ferry+batch", "triton+batch"):
+                for mode, versus in PA_MODES.items():
                     got = pa_results.get((name, mode, concurrency))
                     if got is None:
                         continue
                     if isinstance(got, str):
-                        print(f"{name:<12}{mode:<13}{concurrency:>5}  failed: {got}")
+                        print(f"{name:<12}{mode:<18}{concurrency:>5}  failed: {got}")
                         continue
-                    other = pa_results.get((name, "triton+batch", concurrency))
+                    other = pa_results.get((name, versus, concurrency)) if versus else None
                     ratio = (
                         got.throughput / other.throughput
-                        if mode == "ferry+batch" and isinstance(other, PaResult)
+                        if isinstance(other, PaResult)
                         else float("nan")
                     )
                     print(
-                        f"{name:<12}{mode:<13}{concurrency:>5}{got.throughput:>8.0f}"
+                        f"{name:<12}{mode:<18}{concurrency:>5}{got.throughput:>8.0f}"
                         f"{got.p50_ms:>8.2f}{got.p99_ms:>8.2f}{_f(ratio, 13, 2)}"
                     )
     for name, raws in profiles.items():
