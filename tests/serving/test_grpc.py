@@ -345,3 +345,26 @@ def test_port_in_use_is_one_clear_line(repo: Path, served: GrpcServer) -> None:
     )
     assert result.exit_code != 0
     assert "--grpc-port" in result.output and "Traceback" not in result.output
+
+
+def test_a_full_queue_says_when_to_retry(served: GrpcServer) -> None:
+    """429's Retry-After travels as trailing metadata with RESOURCE_EXHAUSTED."""
+    import asyncio
+
+    from ferry.errors import EngineBusyError
+
+    class Context:
+        def set_trailing_metadata(self, items: Any) -> None:
+            self.trailing = dict(items)
+
+        def set_code(self, code: Any) -> None:
+            self.code = code
+
+        def set_details(self, details: str) -> None:
+            self.details = details
+
+    context = Context()
+    servicer = grpc_module._Servicer(served.state)
+    asyncio.run(servicer._fail(context, EngineBusyError("the queue is full", retry_after=2.5)))
+    assert context.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert context.trailing == {"retry-after": "3"} and context.details == "the queue is full"

@@ -30,7 +30,8 @@ from types import TracebackType
 from typing import Any
 
 from ferry._version import __version__
-from ferry.errors import BackendUnavailableError, FerryError
+from ferry.errors import BackendUnavailableError, EngineBusyError, FerryError
+from ferry.serving._admission import retry_after_header
 from ferry.serving._app import (
     EXTENSIONS,
     infer_decoded,
@@ -252,10 +253,11 @@ class _Servicer:
 
     async def _fail(self, context: Any, error: BaseException) -> None:
         status = status_of(error)
-        if isinstance(error, HTTPError) and error.headers:
-            context.set_trailing_metadata(
-                tuple((k.lower(), str(v)) for k, v in error.headers.items())
-            )
+        headers = error.headers if isinstance(error, HTTPError) else None
+        if isinstance(error, EngineBusyError):  # a full queue: when to retry, as HTTP says
+            headers = retry_after_header(error)
+        if headers:
+            context.set_trailing_metadata(tuple((k.lower(), str(v)) for k, v in headers.items()))
         context.set_code(grpc_code(status))
         context.set_details(_message(error, status))
 
