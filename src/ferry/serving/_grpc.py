@@ -23,6 +23,7 @@ Errors map through the HTTP app's classification (:func:`status_of`): 400 -> INV
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -488,7 +489,7 @@ class _Servicer:
                     last[key] = task
                     end = request.parameters.get("sequence_end")
                     if end is not None and end.bool_param:
-                        task.add_done_callback(lambda t, k=key: _forget(last, k, t))
+                        task.add_done_callback(functools.partial(_forget, last, key))
 
         reader = asyncio.ensure_future(read())
         try:
