@@ -107,6 +107,11 @@ class Backend(Protocol):
         engine cache key; empty when nothing."""
         ...
 
+    def runs_in(self, precision: str) -> str:
+        """The precision it computes in here when asked for ``precision`` (``auto`` does not
+        time one that runs as another it offers)."""
+        ...
+
     def available(self) -> bool:
         """Whether the engine is installed and can run on this machine."""
         ...

@@ -139,6 +139,11 @@ class BackendBase:
         """Nothing beyond ``version``: an engine built for one GPU model says which here."""
         return ""
 
+    def runs_in(self, precision: str) -> str:
+        """The precision the engine computes in on this machine when asked for ``precision``
+        (a hint it may not follow where the hardware lacks it); by default the one asked."""
+        return precision
+
     def available(self) -> bool:
         """Whether the engine's SDK imports here."""
         try:

@@ -61,6 +61,21 @@ class OpenVINOBackend(BackendBase):
     def rules(self) -> Sequence[OpRule]:
         return _rules()
 
+    def runs_in(self, precision: str) -> str:
+        """fp16 is a hint the CPU plugin follows only with fp16 units: without them it runs bf16
+        (where the CPU has it), else fp32 (``OPTIMIZATION_CAPABILITIES``; measured here: an fp16
+        hint compiles to bf16)."""
+        if precision not in ("fp16", "bf16"):
+            return precision
+        try:
+            found = set(ov_core().get_property(DEVICE, "OPTIMIZATION_CAPABILITIES"))
+        except Exception:  # an SDK that cannot say: take the hint at its word
+            return precision
+        wanted = {"fp16": "FP16", "bf16": "BF16"}[precision]
+        if wanted in found:
+            return precision
+        return "bf16" if "BF16" in found else "fp32"
+
     def capability(self, model: ir.Model, nodes: Sequence[str]) -> dict[str, bool | str]:
         """Which of ``nodes`` OpenVINO takes, asked of OpenVINO itself on the whole model.
 

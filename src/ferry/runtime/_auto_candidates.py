@@ -208,7 +208,8 @@ def candidates(
 ) -> list[Candidate]:
     """ONNX Runtime fp32 (the baseline, first), each engine in ``names`` at each precision it
     offers (``exact``: fp32 only; ``precision``: that one), and all engines placed together;
-    a plan already listed is not listed again.
+    a plan already listed is not listed again, nor a precision the engine runs as another it
+    offers (``backend.runs_in``: OpenVINO's fp16 on a CPU without fp16 units is its bf16).
 
     ``precision="int8"`` on a source that ``held`` says is in int8 also asks each engine that
     offers no int8 option for fp32: its int8 is the source's (OpenVINO's int8 of a QDQ model), and
@@ -227,6 +228,9 @@ def candidates(
         for offered in backend.precisions:
             if (exact and offered != "fp32") or (wanted is not None and offered != wanted):
                 continue
+            ran = backend.runs_in(offered)
+            if wanted is None and ran != offered and ran in backend.precisions:
+                continue  # the same computation as its ``ran`` candidate (fp16 run as bf16)
             if placed is None:  # placed once: precision is an option of the plan
                 placed = place(model, [backend, get_backend(FALLBACK)])
             plan = placed.with_options({name: {"precision": offered}})
