@@ -72,7 +72,7 @@ def _modules() -> tuple[Any, Any, Any, Any, Any]:
         from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
     except ImportError as e:
         raise BackendUnavailableError(
-            f"serving gRPC needs grpcio and tritonclient[grpc] ({e}); pip install 'ferry[serve]'"
+            f"serving gRPC needs grpcio and tritonclient ({e}); pip install 'ferry[serve]'"
         ) from None
     return grpc, json_format, service_pb2, service_pb2_grpc, model_config_pb2
 
