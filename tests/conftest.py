@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,3 +108,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         return
     report.outcome = "failed"
     report.longrepr = f"skipped in CI, which installs what this test needs: {reason}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C as a terminal gives it: a suite started in the background by a non-interactive
+    shell (``nohup bash .ci/run &``) inherits SIGINT ignored, and then the drain tests' Ctrl-C
+    reaches neither this process (one test waited forever) nor the servers it starts."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
