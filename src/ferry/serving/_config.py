@@ -52,8 +52,12 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from ferry._state_names import STATE_INPUT_PREFIX, STATE_OUTPUT_PREFIX
-from ferry.errors import FerryError, InvalidInputError, ModelLoadError
+from ferry.errors import FerryError, InvalidInputError
 from ferry.serving._admission import QueuePolicy, parse_queue_policy
+from ferry.serving._config_checks import TRITON_TYPES as _TRITON_TYPES
+from ferry.serving._config_checks import ConfigError
+from ferry.serving._config_checks import check_int as _int
+from ferry.serving._config_checks import check_keys as _check_keys
 
 __all__ = [
     "DEFAULT_MAX_BATCH_SIZE",
@@ -87,10 +91,6 @@ PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 #: What a served model's ``optimize`` may say (``ferry optimize --level``, or none).
 OPTIMIZE_LEVELS = ("none", "basic", "extended")
 _MAX_QUEUE_DELAY_US = 10_000_000
-
-
-class ConfigError(ModelLoadError):
-    """A model's config.json is unreadable, malformed, or does not fit the model."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -364,13 +364,6 @@ def check_optimize(
     return value
 
 
-def _int(value: Any, key: str, where: str, *, minimum: int, maximum: int | None = None) -> int:
-    if type(value) is not int or value < minimum or (maximum is not None and value > maximum):
-        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise ConfigError(f"{where}: {key} must be an integer {bound}, got {value!r}")
-    return value
-
-
 def _instance_count(groups: Any, where: str) -> int | None:
     if groups is None:
         return None
@@ -393,17 +386,6 @@ def _instance_count(groups: Any, where: str) -> int | None:
     if total > _MAX_INSTANCES:
         raise ConfigError(f"{where}: {total} instances is more than the {_MAX_INSTANCES} allowed")
     return total
-
-
-def _check_keys(data: dict[str, Any], known: set[str], where: str, what: str) -> None:
-    """Refuse keys of ``data`` (the config or one of its objects, named by ``what``) that are not
-    ``known``, naming the known ones."""
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ConfigError(
-            f"{where}: unknown {what}key {', '.join(map(repr, unknown))}; the keys are "
-            f"{', '.join(sorted(known))}"
-        )
 
 
 def _version_policy(policy: Any, where: str) -> VersionPolicy:
@@ -589,24 +571,6 @@ def _dims_problem(
         if want != -1 and got != want:
             return f"the model's dim {axis}{batch_note} is {want} (model dims: {model})"
     return None
-
-
-_TRITON_TYPES = {
-    "BOOL": "TYPE_BOOL",
-    "UINT8": "TYPE_UINT8",
-    "UINT16": "TYPE_UINT16",
-    "UINT32": "TYPE_UINT32",
-    "UINT64": "TYPE_UINT64",
-    "INT8": "TYPE_INT8",
-    "INT16": "TYPE_INT16",
-    "INT32": "TYPE_INT32",
-    "INT64": "TYPE_INT64",
-    "FP16": "TYPE_FP16",
-    "FP32": "TYPE_FP32",
-    "FP64": "TYPE_FP64",
-    "BYTES": "TYPE_STRING",
-    "BF16": "TYPE_BF16",
-}
 
 
 def triton_config(

@@ -12,7 +12,8 @@ import hmac
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import IO, TYPE_CHECKING, Any
 
-from ferry.errors import FerryError
+from ferry.errors import EngineBusyError, EngineClosedError, ExecutionError, FerryError
+from ferry.serving._repository_files import ModelNotFoundError, ModelNotReadyError
 
 if TYPE_CHECKING:
     from starlette.responses import JSONResponse
@@ -26,6 +27,7 @@ __all__ = [
     "error_response",
     "read_body",
     "save_body",
+    "status_of",
 ]
 
 #: ``ferry serve``'s default body limit (``--max-request-bytes``).
@@ -166,3 +168,22 @@ async def _chunks(
             raise HTTPError(400, "the client disconnected before sending the whole body")
     if expected is not None and total != expected:
         raise HTTPError(400, f"the body ended after {total} of {expected} bytes")
+
+
+def status_of(error: BaseException) -> int:
+    """The HTTP status for an error raised while serving a request."""
+    if isinstance(error, HTTPError):
+        return error.status
+    if isinstance(error, ModelNotFoundError):
+        return 404
+    if isinstance(error, ModelNotReadyError):
+        return 503
+    if isinstance(error, ExecutionError):
+        return 500
+    if isinstance(error, EngineBusyError):
+        return 429
+    if isinstance(error, EngineClosedError):
+        return 503
+    if isinstance(error, FerryError):
+        return 400
+    return 500

@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -38,6 +38,7 @@ from ferry.runtime import TensorSpec
 from ferry.serving._batcher import BatchOutcome
 from ferry.serving._codec import DATATYPES, InferRequest, RequestedOutput, datatype_of
 from ferry.serving._config import ModelConfig, resolve_config
+from ferry.serving._http import HTTPError, status_of
 from ferry.serving._metrics import VersionRecorder
 from ferry.serving._pipeline_spec import (
     PipelineSpec,
@@ -47,11 +48,13 @@ from ferry.serving._pipeline_spec import (
     find_pipeline_file,
     read_pipeline,
 )
-from ferry.serving._repository_files import VersionFiles, fingerprint
+from ferry.serving._repository_files import (
+    ModelNotFoundError,
+    ModelNotReadyError,
+    VersionFiles,
+    fingerprint,
+)
 from ferry.serving._scheduler import LoadedModel, ModelVersion, available_cores
-
-if TYPE_CHECKING:
-    from ferry.serving._repository import ModelRepository
 
 __all__ = [
     "PipelineVersion",
@@ -91,7 +94,7 @@ class PipelineVersion(ModelVersion):
     def __init__(
         self,
         spec: PipelineSpec,
-        repository: ModelRepository,
+        repository: Any,
         recorder: VersionRecorder,
         version: int = 1,
     ) -> None:
@@ -304,8 +307,6 @@ async def _request(
             prepared = time.perf_counter_ns()
             outcome = await version.infer(feeds, wanted, batch, params)
         except Exception as e:
-            from ferry.serving._state import status_of  # _state imports the repository
-
             version.recorder.failure(total_ns=time.perf_counter_ns() - start, status=status_of(e))
             raise
         version.recorder.success(
@@ -331,9 +332,6 @@ def _step_error(step: Step, error: Exception) -> FerryError:
     """The error a failed step fails its request with: its message led by the step's name,
     keeping the status (and a refusal's ``Retry-After``): bad input 400, busy 429, not ready
     503, an engine's or a Python step's failure 500."""
-    from ferry.serving._http import HTTPError
-    from ferry.serving._repository import ModelNotFoundError, ModelNotReadyError
-    from ferry.serving._state import status_of  # _state imports the repository
 
     if not isinstance(error, FerryError):
         logger.error("%s failed", step.label, exc_info=error)
@@ -370,7 +368,7 @@ def is_pipeline_file(path: Path) -> bool:
 
 
 async def load_pipeline(
-    repository: ModelRepository, name: str, files: VersionFiles, recorder: VersionRecorder
+    repository: Any, name: str, files: VersionFiles, recorder: VersionRecorder
 ) -> PipelineVersion | str:
     """Read a pipeline's file and make its version; the error message when it cannot load."""
     assert files.path is not None

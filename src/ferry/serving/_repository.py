@@ -56,6 +56,8 @@ from ferry.serving._metrics import Metrics, VersionRecorder
 from ferry.serving._pipeline import is_pipeline_file, load_pipeline, pipeline_down, pipeline_files
 from ferry.serving._repository_files import (
     NO_MODELS_HINT,
+    ModelNotFoundError,
+    ModelNotReadyError,
     VersionFiles,
     check_model_name,
     find_model_file,
@@ -87,14 +89,6 @@ UNAVAILABLE = "UNAVAILABLE"
 
 
 #: A model name is a plain folder name: no separators, no leading dot, so never ``..``.
-class ModelNotFoundError(FerryError):
-    """No model (or version) of that name is in the repository (HTTP 404)."""
-
-
-class ModelNotReadyError(FerryError):
-    """The model is known but not serving: loading, unloaded, or failed to load (HTTP 503)."""
-
-
 @dataclasses.dataclass
 class _Scan:
     config: ModelConfig | None = None

@@ -10,10 +10,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ferry.errors import InvalidInputError, ModelLoadError
+from ferry.errors import FerryError, InvalidInputError, ModelLoadError
 
 __all__ = [
     "NO_MODELS_HINT",
+    "ModelNotFoundError",
+    "ModelNotReadyError",
     "VersionFiles",
     "check_model_name",
     "find_model_file",
@@ -24,6 +26,15 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+class ModelNotFoundError(FerryError):
+    """No model (or version) of that name is in the repository (HTTP 404)."""
+
+
+class ModelNotReadyError(FerryError):
+    """The model is known but not serving: loading, unloaded, or failed to load (HTTP 503)."""
+
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 

@@ -45,7 +45,10 @@ from ferry._state_names import STATE_INPUT_PREFIX, STATE_OUTPUT_PREFIX
 from ferry.errors import InvalidInputError, ModelLoadError
 from ferry.serving._batcher import BatchOutcome
 from ferry.serving._codec import DATATYPES, datatype_of
-from ferry.serving._config import _TRITON_TYPES, ConfigError, _check_keys, _int
+from ferry.serving._config_checks import TRITON_TYPES as _TRITON_TYPES
+from ferry.serving._config_checks import ConfigError
+from ferry.serving._config_checks import check_int as _int
+from ferry.serving._config_checks import check_keys as _check_keys
 
 __all__ = [
     "DEFAULT_IDLE_US",

@@ -16,8 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 from ferry.errors import (
     EngineBusyError,
-    EngineClosedError,
-    ExecutionError,
     FerryError,
     InvalidInputError,
     ModelLoadError,
@@ -29,9 +27,10 @@ from ferry.serving._http import (
     check_bearer,
     error_response,
     read_body,
+    status_of,
 )
 from ferry.serving._metrics import Metrics
-from ferry.serving._repository import ModelNotFoundError, ModelNotReadyError, ModelRepository
+from ferry.serving._repository import ModelRepository
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -42,25 +41,6 @@ __all__ = ["ServingState", "status_of"]
 
 # The routes' logger: its records keep the name they had before this module was cut out of _app.
 logger = logging.getLogger("ferry.serving._app")
-
-
-def status_of(error: BaseException) -> int:
-    """The HTTP status for an error raised while serving a request."""
-    if isinstance(error, HTTPError):
-        return error.status
-    if isinstance(error, ModelNotFoundError):
-        return 404
-    if isinstance(error, ModelNotReadyError):
-        return 503
-    if isinstance(error, ExecutionError):
-        return 500
-    if isinstance(error, EngineBusyError):
-        return 429
-    if isinstance(error, EngineClosedError):
-        return 503
-    if isinstance(error, FerryError):
-        return 400
-    return 500
 
 
 class ServingState:
