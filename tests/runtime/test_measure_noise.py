@@ -187,3 +187,35 @@ def test_the_pays_verdict_weighs_the_noise_and_names_it() -> None:
     noisy = PaysVerdict(9.5, 10.0, inputs, plan_noise=0.05, alone_noise=0.05)
     assert not noisy.pays  # 5% faster within 7% of noise: ONNX Runtime alone, no boundary
     assert "noise 5.0%" in noisy.describe()
+
+
+def test_medians_compare_round_by_round(clock: Clock) -> None:
+    """The machine's pace jumps between rounds (0.5x to 2x, the same for every run in a round):
+    each run's median of its own blocks lands wherever its fast and slow rounds meet, so two
+    runs 5% apart could come out 20% apart or the wrong way round; as ratios to the round's
+    pace they come out 5% apart."""
+    rng = np.random.default_rng(7)
+    factors = iter(rng.uniform(0.5, 2.0, size=10_000))
+    state = {"calls": 0, "factor": 1.0}
+
+    def paced(ms: float) -> Callable[[], None]:
+        def run() -> None:
+            clock.now += ms / 1000 * state["factor"]
+
+        return run
+
+    a, b = paced(10.0), paced(10.5)
+
+    # The pace changes between rounds: every round here starts with run a's or b's warm-up
+    # calls (2 + 3), then one untimed and five timed calls each: 12 calls a round.
+    def counted(run: Callable[[], None]) -> Callable[[], None]:
+        def wrapped() -> None:
+            if state["calls"] >= 10 and (state["calls"] - 10) % 12 == 0:
+                state["factor"] = float(next(factors))
+            state["calls"] += 1
+            run()
+
+        return wrapped
+
+    fast, slow = block_stats([counted(a), counted(b)], budget_s=0.0)
+    assert slow.median_s / fast.median_s == pytest.approx(1.05, rel=0.005)

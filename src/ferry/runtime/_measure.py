@@ -175,7 +175,10 @@ def _round_stats(blocks: Sequence[Sequence[float]]) -> list[BlockStats]:
     run's blocks of one round move together, which a run's own spread counts as noise. Two
     candidates 16% apart on a table-structure model were a tie at 6% noise each, while their
     ratio round by round held within 2%. So each block is divided by its round's geometric mean
-    over all runs before the spread is taken; the medians stay the blocks' own."""
+    over all runs, and both the median and the spread are taken of those ratios: runs compare
+    round by round, as pairs. The median is given back in seconds at the rounds' median pace.
+    (Unpaired, a machine that halved its speed for a stretch of rounds put each run's median
+    wherever its own blocks' halves met.)"""
     if len(blocks) < 2:
         return [_stats(b) for b in blocks]
     rounds = min(len(b) for b in blocks)
@@ -183,10 +186,11 @@ def _round_stats(blocks: Sequence[Sequence[float]]) -> list[BlockStats]:
         math.exp(statistics.fmean(math.log(max(b[r], 1e-12)) for b in blocks))
         for r in range(rounds)
     ]
+    usual = statistics.median(pace)
     out = []
     for run in blocks:
-        relative = [run[r] / pace[r] for r in range(rounds)]
-        out.append(dataclasses.replace(_stats(run), noise=_stats(relative).noise))
+        relative = _stats([run[r] / pace[r] for r in range(rounds)])
+        out.append(BlockStats(relative.median_s * usual, relative.noise, len(run)))
     return out
 
 
