@@ -1,7 +1,8 @@
 """Engine adapters: what each engine runs, how it compiles and runs a partition, and placement.
 
 Backend authors import everything from here: the adapter API (:class:`Backend`, :class:`CompileSpec`,
-:class:`CompiledPartition`, :class:`BackendBase`), op rules (:class:`OpRule`, :class:`RuleTable` and
+:class:`CompiledPartition`, :class:`BackendBase`, :class:`DeviceInfo`, :class:`OptionSpec`,
+:func:`trial_capability`), op rules (:class:`OpRule`, :class:`RuleTable` and
 the helpers rule checks are written with), and the registry. Backends are found by name: the
 built-in ``onnxruntime``, ``openvino`` and ``tensorrt``, imported on first use, and third-party ones
 registered in the ``ferry.backends`` entry-point group.
@@ -24,6 +25,7 @@ from ferry.backends._api import Backend, CompiledPartition, CompileSpec
 from ferry.backends._base import COMMON_OPTIONS, BackendBase, check_options, require_base
 from ferry.backends._capability import rule_table
 from ferry.backends._kv import CopyingKVRunner, KVLayout, KVPool, KVRunner, PerRowKVPool
+from ferry.backends._lifecycle import DeviceInfo, OptionSpec
 from ferry.backends._placement import (
     DEFAULT_MIN_PARTITION_SIZE,
     SHAPE_INPUTS,
@@ -63,6 +65,7 @@ from ferry.backends._rules import (
     subgraphs_supported,
     supports,
 )
+from ferry.backends._trial import trial_capability
 
 if TYPE_CHECKING:
     from ferry.backends._onnxruntime import ORT_SILENT, ort_error_message, unknown_ops
@@ -87,6 +90,7 @@ __all__ = [
     "CompileSpec",
     "CompiledPartition",
     "CopyingKVRunner",
+    "DeviceInfo",
     "EngineUse",
     "KVLayout",
     "KVPool",
@@ -94,6 +98,7 @@ __all__ = [
     "NodeCheck",
     "NodeVerdict",
     "OpRule",
+    "OptionSpec",
     "PerRowKVPool",
     "PlacementCost",
     "PlacementReport",
@@ -115,6 +120,7 @@ __all__ = [
     "rule_table",
     "subgraphs_supported",
     "supports",
+    "trial_capability",
     "unknown_ops",
 ]
 

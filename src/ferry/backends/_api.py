@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     import onnx_ir as ir
 
     from ferry.backends._kv import KVLayout, KVPool, KVRunner
+    from ferry.backends._lifecycle import DeviceInfo, OptionSpec
     from ferry.backends._rules import OpRule
     from ferry.plan import Partition
 
@@ -63,6 +64,13 @@ class CompiledPartition(Protocol):
 class Backend(Protocol):
     """An engine adapter. Instances are cheap; heavy SDK imports happen in ``compile``/``load``.
 
+    The lifecycle, in order: ``devices()`` (what it finds here, with properties) -> ``options``
+    (the context: validated by ``check_options``) -> ``capability`` (the ``rules()`` table as
+    prefilter, then the engine: asked about the whole model, or node by node through ``trial``
+    and ``trial_capability``) -> ``compile(spec)`` -> a ``CompiledPartition``, whose
+    ``serialize()`` goes into the engine cache -> ``load(blob, spec)`` on a later run -> ``run``
+    on named inputs, giving named outputs.
+
     Every adapter derives from :class:`~ferry.backends.BackendBase`, which gives each optional
     member below its default; the registry refuses one that does not. This Protocol is the
     whole contract, for type checking: nothing else is read from a backend.
@@ -77,6 +85,10 @@ class Backend(Protocol):
     precisions: tuple[str, ...]
     #: The options it takes besides ``threads`` and ``precision``; None takes any.
     option_keys: frozenset[str] | None
+    #: The options its context takes, typed, by name; when declared, their keys are the keys.
+    options: Mapping[str, OptionSpec]
+    #: A partition with symbolic dims compiles once and runs at every size.
+    dynamic_shapes: bool
     #: No input of unknown rank may come to it from another engine.
     ranked_inputs: bool
     #: Shape subgraphs (``Shape -> Gather -> Concat -> Reshape``) may go with their consumers onto
@@ -116,6 +128,10 @@ class Backend(Protocol):
         """Whether the engine is installed and can run on this machine."""
         ...
 
+    def devices(self) -> list[DeviceInfo]:
+        """The devices it can run on here, with what the engine says of each; [] when none."""
+        ...
+
     def rules(self) -> Sequence[OpRule]:
         """The ops it runs, declaratively; the partitioner proposes nodes from these.
 
@@ -137,6 +153,14 @@ class Backend(Protocol):
 
         Engines that can tell (OpenVINO's ``query_model``, TensorRT's ONNX parser) veto what their
         rules over-claimed; others return ``{}``.
+        """
+        ...
+
+    def trial(self, model: ir.Model) -> None:
+        """Import and compile ``model`` (one node, typed inputs), or raise saying why not.
+
+        Raises:
+            NotImplementedError: the engine cannot be asked this way.
         """
         ...
 

@@ -18,10 +18,12 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 
+from ferry.backends._lifecycle import DeviceInfo, OptionSpec, device_kind, option_problem
 from ferry.errors import InvalidInputError
 
 if TYPE_CHECKING:
@@ -98,6 +100,11 @@ class BackendBase:
         needs: what else the engine needs beyond the package (``"needs an NVIDIA GPU"``).
         option_keys: the options it takes besides ``threads`` and ``precision``; any other is
             refused (:func:`check_options`). None takes any.
+        options: the options its context takes, each with its type, default and choices
+            (:class:`OptionSpec`, by name); when declared, its keys are the keys taken (instead
+            of ``option_keys``) and :func:`check_options` checks each value too.
+        dynamic_shapes: a partition with symbolic dims compiles once and runs at every size
+            (the conformance kit checks the claim); False for an engine that needs static shapes.
         ranked_inputs: the engine cannot take an input of unknown rank (placement then keeps
             such tensors from crossing into it).
         computes_shapes: shape subgraphs (``Shape -> Gather -> Concat -> Reshape``) may go with
@@ -118,6 +125,8 @@ class BackendBase:
     needs: str = ""
     #: Options it takes besides :data:`COMMON_OPTIONS`; None takes any.
     option_keys: frozenset[str] | None = frozenset()
+    options: Mapping[str, OptionSpec] = MappingProxyType({})
+    dynamic_shapes: bool = True
     ranked_inputs: bool = False
     computes_shapes: bool = False
     simulated: bool = False
@@ -152,6 +161,13 @@ class BackendBase:
             return False
         return True
 
+    def devices(self) -> list[DeviceInfo]:
+        """The devices it can run on here: by default one, named ``device``, when ``available()``
+        (none otherwise); an engine that can list its devices and their properties says so."""
+        if not self.available():
+            return []
+        return [DeviceInfo(self.device, device_kind(self.device), MappingProxyType({}))]
+
     def rules(self) -> Sequence[OpRule]:
         """No rules published: placement gives it no node, conformance skips it.
 
@@ -167,6 +183,16 @@ class BackendBase:
     def validate(self, model: ir.Model, nodes: Sequence[str]) -> dict[str, str]:
         """No veto: the rule table is this engine's whole answer."""
         return {}
+
+    def trial(self, model: ir.Model) -> None:
+        """Import and compile ``model`` (one node, typed inputs) on the engine, or raise an
+        exception whose message says why it cannot (:func:`~ferry.backends.trial_capability`
+        asks this per node).
+
+        Raises:
+            NotImplementedError: always, here: the engine cannot be asked this way.
+        """
+        raise NotImplementedError(f"{self.name} cannot be asked by trial")
 
     def kv_runner(self, compiled: CompiledPartition, layout: KVLayout) -> KVRunner | None:
         """None: a decoder on this engine gets its presents fed back as pasts through numpy
@@ -207,14 +233,17 @@ def require_base(backend: object, origin: str) -> BackendBase:
 
 
 def check_options(backend: Backend, options: Mapping[str, object]) -> None:
-    """Refuse options ``backend`` does not take, naming the ones it does, and a precision it
-    does not offer. A backend whose ``option_keys`` is None takes any.
+    """Refuse options ``backend`` does not take, naming the ones it does, a value its
+    ``options`` spec refuses (type or choice), and a precision it does not offer. A backend that
+    declares ``options`` takes their keys; else its ``option_keys``, where None takes any.
 
     Raises:
-        InvalidInputError: an unknown option key, or a precision not in ``backend.precisions``.
+        InvalidInputError: an unknown option key, a value of the wrong type or not among the
+            choices, or a precision not in ``backend.precisions``.
     """
     name = backend.name
-    keys = backend.option_keys
+    specs = backend.options
+    keys = frozenset(specs) if specs else backend.option_keys
     if keys is not None:
         known = COMMON_OPTIONS | set(keys)
         unknown = sorted(set(options) - known)
@@ -223,6 +252,11 @@ def check_options(backend: Backend, options: Mapping[str, object]) -> None:
                 f"{name}: unknown option {', '.join(map(repr, unknown))}; it takes "
                 f"{', '.join(sorted(known))}"
             )
+    for key, value in options.items():
+        spec = specs.get(key)
+        problem = None if spec is None else option_problem(spec, value)
+        if problem is not None:
+            raise InvalidInputError(f"{name}: option {key!r} {problem}")
     precision = options.get("precision")
     offered = tuple(backend.precisions)
     if precision is not None and offered and precision not in offered:
