@@ -29,6 +29,8 @@ DEFAULTS = {
     "device": "cpu",
     "precisions": ("fp32",),
     "option_keys": frozenset(),
+    "options": {},
+    "dynamic_shapes": True,
     "ranked_inputs": False,
     "computes_shapes": False,
     "simulated": False,
@@ -143,6 +145,9 @@ def test_the_base_gives_every_optional_capability_its_default() -> None:
     assert rule_table(backend) is None  # publishes no rules
     with pytest.raises(NotImplementedError):
         backend.compile(None)  # type: ignore[arg-type]
+    with pytest.raises(NotImplementedError):  # its engine cannot be asked by trial
+        backend.trial(None)  # type: ignore[arg-type]
+    assert [(d.name, d.kind) for d in backend.devices()] == [("cpu", "cpu")]
     assert backend.available() and backend.install_hint == "pip install numpy"
     assert isinstance(backend, Backend)
 

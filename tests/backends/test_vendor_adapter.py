@@ -15,7 +15,15 @@ import onnxruntime as ort
 import pytest
 
 import ferry
-from ferry.backends import ENTRY_POINT_GROUP, explain, get_backend, known_backends
+from ferry.backends import (
+    ENTRY_POINT_GROUP,
+    BackendBase,
+    DeviceInfo,
+    explain,
+    get_backend,
+    known_backends,
+)
+from ferry.errors import InvalidInputError
 
 pytestmark = pytest.mark.torch
 
@@ -28,6 +36,45 @@ def test_the_entry_point_registers_the_adapter(acme_npu: str) -> None:
     assert type(backend).__module__ == "ferry_acme_npu"  # ferry's own code knows nothing of it
     assert backend.device == "npu" and backend.available()
     assert backend.simulated is True  # so backends="auto" never picks it
+
+
+def test_the_adapter_is_thin_on_the_base(acme_npu: str) -> None:
+    """It fills in the lifecycle's steps (devices, options, rules and veto, compile, load) and
+    takes every other default from ``BackendBase``."""
+    backend = get_backend(acme_npu)
+    cls = type(backend)
+    assert [d for d in backend.devices()] == [
+        DeviceInfo(
+            "npu:0", "npu", {"name": "Acme NPU (simulated)", "cores": "4", "memory": "512 MiB"}
+        )
+    ]
+    spec = backend.options["cores"]
+    assert (spec.type, spec.default, spec.choices) == (int, 1, (1, 2, 4))
+    assert backend.dynamic_shapes is True
+    own = {n for n in vars(cls) if not n.startswith("_")}
+    assert own == {
+        "name", "device", "precisions", "install_hint", "simulated", "options", "dynamic_shapes",
+        "version", "available", "devices", "rules", "validate", "compile", "load",
+    }  # fmt: skip
+    assert cls.capability is BackendBase.capability  # its rules and veto answer
+
+
+def test_the_adapter_runs_with_its_cores_option_and_refuses_a_bad_one(acme_npu: str) -> None:
+    from ferry import zoo
+
+    model = zoo.build("digits_cnn")
+    feeds = zoo.example_inputs("digits_cnn", batch=2)
+    session = ferry.load(model, backends=acme_npu, options={acme_npu: {"cores": 2}})
+    got = next(iter(session.run(feeds).values()))
+    np.testing.assert_allclose(got, ort_outputs(model, feeds)[0], rtol=1e-4, atol=1e-5)
+    for bad, said in (
+        ({"cores": 3}, "option 'cores' takes an int, one of 1, 2, 4; got 3"),
+        ({"cores": "4"}, "got '4' (str)"),
+        ({"npu": 1}, "unknown option 'npu'; it takes cores, precision, threads"),
+    ):
+        with pytest.raises(InvalidInputError) as caught:
+            ferry.load(model, backends=acme_npu, options={acme_npu: bad})
+        assert str(caught.value).startswith("acme_npu: ") and said in str(caught.value)
 
 
 def test_the_adapter_is_not_installed() -> None:

@@ -36,6 +36,7 @@ import onnx_ir as ir
 
 from ferry.backends._api import CompileSpec
 from ferry.backends._base import BackendBase, exchangeable, native_stderr_to_log
+from ferry.backends._lifecycle import DeviceInfo
 from ferry.backends._rules import OpRule
 from ferry.errors import (
     BackendUnavailableError,
@@ -98,6 +99,12 @@ class LiteRTBackend(BackendBase):
             return importlib.metadata.version("ai-edge-litert")
         except importlib.metadata.PackageNotFoundError:
             return str(getattr(_sdk(), "__version__", "unknown"))
+
+    def devices(self) -> list[DeviceInfo]:
+        """The CPU, through the XNNPACK delegate, on the cores this process may use."""
+        if not self.available():
+            return []
+        return [DeviceInfo("cpu", "cpu", {"delegate": "XNNPACK", "cores": str(_cores())})]
 
     def rules(self) -> Sequence[OpRule]:
         """The ops the lowering has a translator for, with the type check every node passes;

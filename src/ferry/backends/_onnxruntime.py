@@ -27,6 +27,7 @@ from ferry.backends import _onnxruntime_ops
 from ferry.backends._api import CompiledPartition, CompileSpec
 from ferry.backends._base import BackendBase, model_source
 from ferry.backends._kv import KVLayout
+from ferry.backends._lifecycle import DeviceInfo
 from ferry.backends._onnxruntime_kv import OrtKVRunner
 from ferry.backends._onnxruntime_kv_pool import OrtKVPool
 from ferry.backends._rules import OpRule, RuleTable, all_checks, subgraphs_supported
@@ -115,6 +116,20 @@ class OnnxRuntimeBackend(BackendBase):
 
     def rules(self) -> Sequence[OpRule]:
         return rules()
+
+    def devices(self) -> list[DeviceInfo]:
+        """The CPU, with the execution providers this build has; and the GPU (``device="cuda"``)
+        when it has CUDA's."""
+        if not self.available():
+            return []
+        import onnxruntime
+
+        providers = list(onnxruntime.get_available_providers())
+        found = [DeviceInfo("cpu", "cpu", {"providers": ", ".join(providers)})]
+        gpu = [p for p in providers if p in ("CUDAExecutionProvider", "TensorrtExecutionProvider")]
+        if gpu:
+            found.append(DeviceInfo("cuda", "gpu", {"providers": ", ".join(gpu)}))
+        return found
 
     def compile(self, spec: CompileSpec) -> OnnxRuntimePartition:
         return OnnxRuntimePartition(spec)

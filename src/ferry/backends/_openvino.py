@@ -24,6 +24,7 @@ import onnx_ir as ir
 from ferry.backends._api import CompiledPartition, CompileSpec
 from ferry.backends._base import BackendBase, exchangeable, model_source
 from ferry.backends._kv import KVLayout
+from ferry.backends._lifecycle import DeviceInfo, device_kind
 from ferry.backends._openvino_kv import OpenVINOKVRunner, stateful_model
 from ferry.backends._openvino_query import (
     DEVICE,
@@ -60,6 +61,25 @@ class OpenVINOBackend(BackendBase):
 
     def rules(self) -> Sequence[OpRule]:
         return _rules()
+
+    def devices(self) -> list[DeviceInfo]:
+        """Every device OpenVINO finds (``Core().available_devices``), with its full name and
+        optimization capabilities; ferry compiles for the CPU."""
+        if not self.available():
+            return []
+        core = ov_core()
+        found = []
+        for device in core.available_devices:
+            properties = {}
+            for key in ("FULL_DEVICE_NAME", "OPTIMIZATION_CAPABILITIES"):
+                try:
+                    value = core.get_property(device, key)
+                except Exception:  # a plugin that does not report it: leave it out
+                    continue
+                text = value if isinstance(value, str) else ", ".join(map(str, value))
+                properties[key.lower()] = text
+            found.append(DeviceInfo(str(device).lower(), device_kind(str(device)), properties))
+        return found
 
     def runs_in(self, precision: str) -> str:
         """fp16 is a hint the CPU plugin follows only with fp16 units: without them it runs bf16

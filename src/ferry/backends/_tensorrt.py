@@ -60,6 +60,7 @@ from ferry.backends._cuda import (
     cudart,
     device_problem,
 )
+from ferry.backends._lifecycle import DeviceInfo
 from ferry.backends._rules import OpRule
 from ferry.errors import (
     BackendUnavailableError,
@@ -306,6 +307,25 @@ class TensorRTBackend(BackendBase):
     def unavailable_reason(self) -> str | None:
         """Why ``available()`` is False, in words (None when it is True)."""
         return unavailable_reason()
+
+    def devices(self) -> list[DeviceInfo]:
+        """Each CUDA device, with the GPU's name, compute capability and memory."""
+        if not self.available():
+            return []
+        rt = cudart()
+        found = []
+        for index in range(int(cuda_call(rt.cudaGetDeviceCount(), "cudaGetDeviceCount"))):
+            props = cuda_call(rt.cudaGetDeviceProperties(index), "cudaGetDeviceProperties")
+            name = props.name
+            if isinstance(name, bytes):  # a C char array: NUL-padded
+                name = name.split(b"\0")[0].decode("utf-8", "replace")
+            properties = {
+                "name": str(name),
+                "compute_capability": f"{props.major}.{props.minor}",
+                "memory": f"{int(props.totalGlobalMem) >> 20} MiB",
+            }
+            found.append(DeviceInfo(f"cuda:{index}", "gpu", properties))
+        return found
 
     def rules(self) -> Sequence[OpRule]:
         return _tensorrt_rules.rules()

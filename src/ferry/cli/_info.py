@@ -1,8 +1,9 @@
-"""``ferry info``: what a model takes, gives and contains."""
+"""``ferry info``: what a model takes, gives and contains; with ``--backends``, the engines."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.markup import escape
@@ -12,7 +13,6 @@ from ferry.cli._common import (
     console,
     human_bytes,
     human_count,
-    model_argument,
     split_pairs,
     write_json,
 )
@@ -20,7 +20,14 @@ from ferry.errors import InvalidInputError, ModelLoadError
 
 
 @click.command("info")
-@model_argument
+@click.argument("model", required=False, type=click.Path(path_type=Path))
+@click.option(
+    "--backends",
+    "list_backends",
+    is_flag=True,
+    help="List the engines ferry knows (built-in and plugins) instead: available or what to "
+    "install, version, devices and their properties, precisions, options.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option(
     "--top", type=click.IntRange(min=1), default=20, show_default=True, help="Ops to list."
@@ -32,7 +39,9 @@ from ferry.errors import InvalidInputError, ModelLoadError
     metavar="NAME=DIMS",
     help="Count FLOPs at this input shape, e.g. x=1,3,640,640 (repeatable).",
 )
-def command(model: Path, as_json: bool, top: int, shapes: tuple[str, ...]) -> None:
+def command(
+    model: Path | None, list_backends: bool, as_json: bool, top: int, shapes: tuple[str, ...]
+) -> None:
     """Describe MODEL: inputs and outputs, opsets, op histogram, parameters and FLOPs.
 
     Symbolic dims (such as a dynamic batch) are shown by name. FLOPs count Conv, ConvTranspose,
@@ -45,7 +54,19 @@ def command(model: Path, as_json: bool, top: int, shapes: tuple[str, ...]) -> No
       ferry info detector.onnx --shape images=1,3,640,640 --json
       ferry info smollm/            (a generative folder: architecture, quantization, template)
       ferry info model.gguf
+      ferry info --backends         (the engines: devices, precisions, options)
     """
+    if list_backends:
+        if model is not None:
+            raise InvalidInputError(
+                "ferry info --backends lists the engines and takes no MODEL; run it without one"
+            )
+        _print_backends(as_json)
+        return
+    if model is None:
+        raise InvalidInputError(
+            "ferry info needs a MODEL (ferry info model.onnx), or --backends to list the engines"
+        )
     from ferry.cli._convert_decoder import info_decoder_command, is_decoder_file
     from ferry.graph import load_model, resolve_model_file, summarize
     from ferry.runtime import parse_shape
@@ -122,3 +143,60 @@ def command(model: Path, as_json: bool, top: int, shapes: tuple[str, ...]) -> No
     console.print(ops)
     if rest > 0:
         console.print(f"... and {rest} more op types (--top to see more)")
+
+
+def backend_rows() -> list[dict[str, Any]]:
+    """What ``ferry info --backends`` shows of every backend ferry knows, as JSON-ready dicts."""
+    from ferry.backends import get_backend, known_backends
+    from ferry.errors import FerryError
+
+    rows: list[dict[str, Any]] = []
+    for name in known_backends():
+        try:
+            backend = get_backend(name)
+        except FerryError as e:  # not installed, or a plugin that fails to import: say which
+            rows.append({"name": name, "available": False, "reason": str(e)})
+            continue
+        row: dict[str, Any] = {"name": name, "available": True, "version": backend.version}
+        try:
+            row["devices"] = [
+                {"name": d.name, "kind": d.kind, "properties": dict(d.properties)}
+                for d in backend.devices()
+            ]
+        except Exception as e:  # an engine that fails to list its devices: the rest still shows
+            row["devices_error"] = f"{type(e).__name__}: {e}"
+        row["precisions"] = list(backend.precisions)
+        if backend.options:
+            row["options"] = [spec.describe() for spec in backend.options.values()]
+        elif backend.option_keys is None:
+            row["options"] = ["any"]
+        else:
+            row["options"] = sorted(backend.option_keys)
+        row["dynamic_shapes"] = backend.dynamic_shapes
+        row["simulated"] = backend.simulated
+        rows.append(row)
+    return rows
+
+
+def _print_backends(as_json: bool) -> None:
+    rows = backend_rows()
+    if as_json:
+        write_json(rows, "-")
+        return
+    for row in rows:
+        name = escape(row["name"])
+        if not row["available"]:
+            console.print(f"[bold]{name}[/bold]  not available: {escape(row['reason'])}")
+            continue
+        notes = ", simulated" if row["simulated"] else ""
+        notes += "" if row["dynamic_shapes"] else ", static shapes only"
+        console.print(f"[bold]{name}[/bold]  available, version {escape(row['version'])}{notes}")
+        for device in row.get("devices", []):
+            props = "; ".join(f"{k}: {v}" for k, v in device["properties"].items())
+            line = f"  device {device['name']} ({device['kind']})" + (f": {props}" if props else "")
+            console.print(escape(line))
+        if "devices_error" in row:
+            console.print(f"  devices: could not be listed ({escape(row['devices_error'])})")
+        console.print(f"  precisions: {', '.join(row['precisions'])}")
+        options = ["threads", "precision", *row["options"]]
+        console.print(escape(f"  options: {'; '.join(options)}"))

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from ferry.backends import CompileSpec, get_backend
+from ferry.backends import CompileSpec, check_options, get_backend
 from ferry.errors import FerryError
 from ferry.graph import infer_value_types
 from ferry.parity import Budget, BudgetVerdict, OutputParity, compare_outputs, within_budget
@@ -155,6 +155,7 @@ def _run_partition(
     options: dict[str, Any],
 ) -> dict[str, np.ndarray]:
     backend = get_backend(partition.backend)
+    check_options(backend, partition.options)  # a plan file's options, as Session checks them
     sub = cut_partition(model, partition)
     spec = CompileSpec(partition=partition, model=sub, options={**options, **partition.options})
     compiled = backend.compile(spec)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 import numpy as np
 import onnx_ir as ir
 
-from ferry.backends import BackendBase, CompileSpec, OpRule
+from ferry.backends import BackendBase, CompileSpec, DeviceInfo, OpRule, OptionSpec
 
 __all__ = ["AcmeNpuBackend", "AcmeNpuPartition"]
 
@@ -18,13 +19,13 @@ _F32 = frozenset({"float32"})
 
 
 class AcmeNpuPartition:
-    """One partition "on the NPU" (ONNX Runtime on one CPU thread stands in for the chip)."""
+    """One partition "on the NPU" (ONNX Runtime on ``cores`` CPU threads stands in for the chip)."""
 
-    def __init__(self, model_bytes: bytes) -> None:
+    def __init__(self, model_bytes: bytes, cores: int = 1) -> None:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
+        options.intra_op_num_threads = cores
         self._bytes = model_bytes
         self._session = ort.InferenceSession(
             model_bytes, options, providers=["CPUExecutionProvider"]
@@ -42,13 +43,13 @@ class AcmeNpuPartition:
 
 
 class AcmeNpuBackend(BackendBase):
-    """The adapter: what the NPU runs, how to build for it, how to reload a built partition.
+    """The adapter, thin on ferry's base: the lifecycle's steps it fills in, in order.
 
-    It derives from ferry's ``BackendBase`` (the registry refuses adapters that do not), which
-    gives every optional capability its default: no whole-model ``capability`` (its rules and
-    veto answer), no options beyond ``threads`` and ``precision``, an engine cache learnt from
-    ``serialize()``. Its engine is no Python module ferry imports, so it says its own version,
-    availability and install hint.
+    ``devices()`` (the chip and its properties) -> ``options`` (its context: ``cores``, which
+    ferry validates) -> capability (``rules()``, then the SDK's ``validate`` veto) ->
+    ``compile`` -> ``serialize()`` into ferry's engine cache -> ``load`` -> ``run``. Everything
+    else is ``BackendBase``'s default (the registry refuses adapters not on it). Its engine is
+    no Python module ferry imports, so it says its own version, availability and install hint.
     """
 
     name = "acme_npu"
@@ -58,6 +59,13 @@ class AcmeNpuBackend(BackendBase):
     #: It only imitates an NPU (on ONNX Runtime's CPU kernels): ``backends="auto"`` never picks it;
     #: it runs where it is named, ``backends="acme_npu"``.
     simulated = True
+    #: Its context's options (besides ``threads`` and ``precision``): ferry refuses an unknown
+    #: key, a value of another type or one not among the choices, naming it, before compiling.
+    options: Mapping[str, OptionSpec] = MappingProxyType(
+        {"cores": OptionSpec("cores", int, 1, (1, 2, 4), "NPU cores a partition runs on")}
+    )
+    #: A partition with symbolic dims compiles once and runs at every size.
+    dynamic_shapes = True
 
     @property
     def version(self) -> str:
@@ -65,6 +73,11 @@ class AcmeNpuBackend(BackendBase):
 
     def available(self) -> bool:
         return True
+
+    def devices(self) -> list[DeviceInfo]:
+        """The one (simulated) chip, with what its SDK would report."""
+        properties = {"name": "Acme NPU (simulated)", "cores": "4", "memory": "512 MiB"}
+        return [DeviceInfo("npu:0", "npu", properties)]
 
     def rules(self) -> Sequence[OpRule]:
         return [
@@ -89,9 +102,14 @@ class AcmeNpuBackend(BackendBase):
         return rejected
 
     def compile(self, spec: CompileSpec) -> AcmeNpuPartition:
-        return AcmeNpuPartition(ir.to_proto(spec.model).SerializeToString())
+        return AcmeNpuPartition(ir.to_proto(spec.model).SerializeToString(), _cores(spec))
 
     def load(self, blob: bytes, spec: CompileSpec) -> AcmeNpuPartition:
         if not blob.startswith(MAGIC):
             raise ValueError("not an Acme NPU engine")
-        return AcmeNpuPartition(blob[len(MAGIC) :])
+        return AcmeNpuPartition(blob[len(MAGIC) :], _cores(spec))
+
+
+def _cores(spec: CompileSpec) -> int:
+    """The ``cores`` option (already checked by ferry against ``options``), else its default."""
+    return int(spec.options.get("cores", AcmeNpuBackend.options["cores"].default))
