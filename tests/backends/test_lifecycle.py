@@ -86,6 +86,40 @@ def test_litert_reports_the_cpu() -> None:
     assert cpu.kind == "cpu" and int(cpu.properties["cores"]) >= 1
 
 
+def test_tensorrt_names_each_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through cuda-python's device properties (a stand-in runtime here: no GPU on this tier)."""
+    from types import SimpleNamespace
+
+    from ferry.backends import _cuda, _tensorrt
+
+    class Runtime:
+        cudaError_t = SimpleNamespace(cudaSuccess=0)
+
+        def cudaGetDeviceCount(self) -> tuple[int, int]:
+            return 0, 2
+
+        def cudaGetDeviceProperties(self, index: int) -> tuple[int, SimpleNamespace]:
+            name = b"NVIDIA H200\0\0\0" if index == 0 else "NVIDIA L4"
+            return 0, SimpleNamespace(name=name, major=9, minor=index, totalGlobalMem=3 << 30)
+
+    runtime = Runtime()
+    monkeypatch.setattr(_cuda, "cudart", lambda: runtime)
+    monkeypatch.setattr(_tensorrt, "cudart", lambda: runtime)
+    monkeypatch.setattr(_tensorrt.TensorRTBackend, "available", lambda self: True)
+    assert _tensorrt.TensorRTBackend().devices() == [
+        DeviceInfo(
+            "cuda:0",
+            "gpu",
+            {"name": "NVIDIA H200", "compute_capability": "9.0", "memory": "3072 MiB"},
+        ),
+        DeviceInfo(
+            "cuda:1",
+            "gpu",
+            {"name": "NVIDIA L4", "compute_capability": "9.1", "memory": "3072 MiB"},
+        ),
+    ]
+
+
 # --------------------------------------------------------------------------------------------
 # Options
 
