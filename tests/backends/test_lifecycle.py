@@ -262,6 +262,27 @@ def test_the_trial_model_is_the_node_alone_with_its_weight_as_initializer() -> N
     assert alone.opset_imports[""] == 17
 
 
+def test_a_constant_node_input_reaches_the_engine_as_a_weight() -> None:
+    graph = helper.make_graph(
+        [
+            helper.make_node(
+                "Constant", [], ["c"], name="const", value=numpy_helper.from_array(np.ones(8, "f"))
+            ),
+            helper.make_node("Add", ["x", "c"], ["y"], name="add_const"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    backend = Tried()
+    verdicts = trial_capability(backend, prepare(ir.from_proto(proto)), ["add_const"])
+    assert verdicts["add_const"] != True  # noqa: E712 (Tried refuses every Add: it was asked)
+    (alone,) = backend.trials
+    assert [n.op_type for n in alone.graph] == ["Add"]
+    assert list(alone.graph.initializers) == ["c"] and [v.name for v in alone.graph.inputs] == ["x"]
+
+
 def test_an_engine_that_cannot_be_tried_keeps_its_rules_answer() -> None:
     class Untried(Tried):
         def trial(self, model: ir.Model) -> None:

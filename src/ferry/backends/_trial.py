@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx_ir as ir
+from onnx_ir.passes.common import LiftConstantsToInitializersPass
 
 from ferry.backends._capability import rule_verdicts
 from ferry.errors import FerryError
@@ -121,6 +122,8 @@ def _try(backend: Backend, model: ir.Model, node: ir.Node) -> bool | str:
         alone = cut(model, [node.name or ""], outputs=outputs)
     except FerryError as e:
         return f"cannot be tried alone: {_first_line(e)}"
+    # Constant nodes the cut copied in for its inputs become weights: the engine sees one node.
+    LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(alone)
     try:
         backend.trial(alone)
     except NotImplementedError:
