@@ -5,7 +5,7 @@ remembered per node signature), and ``ferry info --backends`` listing it all."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
 import numpy as np
@@ -127,8 +127,8 @@ def test_tensorrt_names_each_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
 class Npu(BackendBase):
     name = "npu_test"
     sdk = "numpy"
-    option_keys = frozenset({"ignored_once_options_are_declared"})
-    options = MappingProxyType(
+    option_keys: frozenset[str] | None = frozenset({"ignored_once_options_are_declared"})
+    options: Mapping[str, OptionSpec] = MappingProxyType(
         {
             "cores": OptionSpec("cores", int, 1, (1, 2, 4), "cores to use"),
             "scale": OptionSpec("scale", float, 1.0, None, "a float"),
@@ -162,7 +162,7 @@ def test_valid_options_pass_and_option_keys_still_work() -> None:
     check_options(Npu(), {"cores": 4, "scale": 2, "fast": True, "mode": "b", "threads": 1})
 
     class Keys(Quiet):
-        option_keys = frozenset({"workspace"})
+        option_keys: frozenset[str] | None = frozenset({"workspace"})
 
     check_options(Keys(), {"workspace": "anything", "threads": 2})
     with pytest.raises(InvalidInputError, match="unknown option 'cores'; it takes precision"):
