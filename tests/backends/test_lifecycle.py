@@ -283,6 +283,17 @@ def test_a_constant_node_input_reaches_the_engine_as_a_weight() -> None:
     assert list(alone.graph.initializers) == ["c"] and [v.name for v in alone.graph.inputs] == ["x"]
 
 
+def test_without_rules_every_node_is_tried() -> None:
+    class NoRules(Tried):
+        def rules(self) -> Sequence[OpRule]:
+            raise NotImplementedError
+
+    backend = NoRules()
+    verdicts = trial_capability(backend, _relu_chain(2), ["relu0", "add", "sigmoid"])
+    assert verdicts == {"relu0": True, "add": verdicts["add"], "sigmoid": True}
+    assert "not lowered" in str(verdicts["add"]) and len(backend.trials) == 3
+
+
 def test_an_engine_that_cannot_be_tried_keeps_its_rules_answer() -> None:
     class Untried(Tried):
         def trial(self, model: ir.Model) -> None:
@@ -291,6 +302,13 @@ def test_an_engine_that_cannot_be_tried_keeps_its_rules_answer() -> None:
     model = _relu_chain(2)
     verdicts = trial_capability(Untried(), model, ["relu0", "add", "sigmoid"])
     assert verdicts == {"relu0": True, "add": True, "sigmoid": "Sigmoid is not supported"}
+
+    class Neither(Untried):
+        def rules(self) -> Sequence[OpRule]:
+            raise NotImplementedError
+
+    verdicts = trial_capability(Neither(), model, ["relu0", "add"])
+    assert verdicts == dict.fromkeys(["relu0", "add"], "tried declares no op rules")
 
 
 def test_the_engines_reason_reaches_placement() -> None:

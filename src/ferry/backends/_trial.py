@@ -24,7 +24,7 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import LiftConstantsToInitializersPass
 
-from ferry.backends._capability import rule_verdicts
+from ferry.backends._capability import rule_table, rule_verdicts
 from ferry.errors import FerryError
 from ferry.plan import cut, is_constant
 
@@ -53,10 +53,10 @@ def trial_capability(
 ) -> dict[str, bool | str]:
     """Whether ``backend`` takes each of ``nodes``, asked of its engine one node at a time.
 
-    A node its rules refuse gets the rule's reason; each other node is cut out alone (its inputs
-    as typed graph inputs, constant inputs carried as weights, its outputs as graph outputs, the
-    model's opsets) and handed to ``backend.trial``: True when it returns, else the first line
-    of the engine's message. Answers are remembered per backend and node signature
+    A node its rules refuse gets the rule's reason (without ``rules()`` every node is tried);
+    each other node is cut out alone (its inputs as typed graph inputs, constant inputs carried
+    as weights, its outputs as graph outputs, the model's opsets) and handed to
+    ``backend.trial``: True when it returns, else the first line of the engine's message. Answers are remembered per backend and node signature
     (:func:`node_signature`) for the life of the process. An adapter whose engine is asked this
     way returns ``trial_capability(self, model, nodes)`` from its ``capability()``.
 
@@ -69,7 +69,10 @@ def trial_capability(
         For each of ``nodes``, True or why not. Where ``trial`` raises NotImplementedError the
         engine cannot be asked this way, and the rules' answer stands.
     """
-    verdicts = rule_verdicts(backend, model, nodes)
+    if rule_table(backend) is None:  # no table to prefilter with: the engine answers alone
+        verdicts: dict[str, bool | str] = dict.fromkeys(nodes, True)
+    else:
+        verdicts = rule_verdicts(backend, model, nodes)
     by_name = {node.name: node for node in model.graph}
     with _lock:
         memo = _memo.setdefault(backend, {})
@@ -84,7 +87,7 @@ def trial_capability(
                 answer = _try(backend, model, node)
             except NotImplementedError:
                 logger.debug("%s cannot be asked by trial; its rules answer", backend.name)
-                return verdicts
+                return rule_verdicts(backend, model, nodes)
             with _lock:
                 memo[key] = answer
         verdicts[name] = answer
