@@ -41,6 +41,10 @@ if [ "$quick" = "0" ]; then
     need PaddlePaddle pip_install "paddlepaddle==3.3.1"
     echo "$heavy_want" > "$heavy_stamp"
   fi
+  # The IREE plugin (plugins/ferry-iree, its own distribution: ~600 MB of IREE compiler and
+  # runtime wheels, pinned there to 3.13.0): its tests run with the suite's.
+  echo "==> the IREE plugin into .venv"
+  need "the IREE plugin" pip_install -e ./plugins/ferry-iree
   need "the Paddle environment" bash scripts/setup-paddle.sh "$PWD/.venv-paddle"
   export FERRY_PADDLE_PYTHON="$PWD/.venv-paddle/bin/python"
   # The KServe Python SDK (kserve 0.21, in .venv-kserve: it pins protobuf<7 and pandas<3) checks
