@@ -28,9 +28,11 @@ from ferry import conformance
 from ferry.backends import CompileSpec, OpRule, RuleTable, get_backend, known_backends
 from ferry.backends._onnxruntime import OnnxRuntimeBackend, OnnxRuntimePartition
 from ferry.conformance import (
+    KNOWN_FAILURES,
     CaseResult,
     ConformanceReport,
     collect_cases,
+    known_failures,
     rule_table,
     run_case,
     run_conformance,
@@ -39,56 +41,12 @@ from ferry.conformance import (
 )
 from ferry.errors import BackendUnavailableError, ExecutionError
 
-
-def _has_locale(name: str) -> bool:
-    import locale
-
-    current = locale.setlocale(locale.LC_ALL)
-    try:
-        locale.setlocale(locale.LC_ALL, name)
-    except locale.Error:
-        return False
-    finally:
-        locale.setlocale(locale.LC_ALL, current)
-    return True
-
-
-#: Failing cases a backend's rules may claim for now: ``{backend: {case-name regex: reason}}``.
-#: Only engine bugs and tolerances the engine cannot meet belong here, each with its reason and,
-#: where there is one, the engine's own record; a rule that over-claims or an adapter that
-#: mishandles a dtype is fixed instead. An entry that matches no failing claimed case any more
-#: fails the full run: remove it.
+#: Failing cases a backend's rules may claim for now: ``{backend: {case-name regex: reason}}``
+#: (ferry.conformance's known failures, which the kit's node check also accepts). An entry that
+#: matches no failing claimed case any more fails the full run: remove it.
 ALLOWED_FAILURES: dict[str, dict[str, str]] = {
-    "onnxruntime": {
-        # ONNX Runtime skips these in its own run of ONNX's backend tests ("result mismatch"):
-        # https://github.com/microsoft/onnxruntime/blob/main/onnxruntime/test/testdata/onnx_backend_test_series_filters.jsonc
-        r"test_maxunpool_export_with_output_shape": "ORT MaxUnpool with output_shape mismatches",
-        r"test_resize_downsample_scales_(cubic|linear)_align_corners": (
-            "ORT Resize downsampling with align_corners mismatches (same ORT filter list)"
-        ),
-        # float32 FFT rounding: |err| up to 3e-4 where ONNX expects exact zeros with atol 1e-7;
-        # ONNX Runtime's own run raises DFT's atol to 1e-4 (onnx_backend_test_series_overrides.jsonc).
-        r"test_(dft|stft)\w*": "float32 FFT rounding, far below ONNX's atol of 1e-7",
-        # ORT 1.32's Attention kernel (opset 23+): masks with -FLT_MAX where ONNX writes -inf into
-        # qk_matmul_output; rejects a 4-D mask over padded past KV ("inconsistent
-        # total_sequence_length"); one fp16 element 2 ULPs off.
-        r"test_attention_4d_with_past_and_present_qk_matmul_bias_[34]d_mask_causal": (
-            "ORT Attention writes -FLT_MAX, not -inf, for masked qk_matmul_output entries"
-        ),
-        r"test_attention_4d_diff_heads_mask4d_padded_kv": (
-            "ORT Attention rejects a 4-D mask over padded past key/value"
-        ),
-        r"test_attention_4d_causal_fp16": "ORT Attention fp16: one element 2 ULPs off",
-        # Data-dependent: ORT refuses ReduceMax over an empty set of bools; no rule can see that.
-        r"test_reduce_max_empty_set_bool": "ORT ReduceMax: empty set with bool type undefined",
-    },
+    name: known_failures(name) for name in [*KNOWN_FAILURES, *known_backends()]
 }
-if not _has_locale("en_US.UTF-8"):
-    # ORT's StringNormalizer builds an en_US.UTF-8 locale at session creation; it needs the OS
-    # locale installed (locales-all on Debian). Nothing to do with the rules.
-    ALLOWED_FAILURES["onnxruntime"][r"test_strnormalizer_\w+"] = (
-        "the en_US.UTF-8 locale ORT's StringNormalizer needs is not installed here"
-    )
 
 #: Backends whose full run is fast enough for the default tier (measured on 2 busy cores:
 #: onnxruntime runs its ~1,740 claimed cases in 5-8 s in one worker). Others run ``SAMPLE_PER_OP``
@@ -500,9 +458,8 @@ def test_write_table_markdown_and_json_round_trip(register, tmp_path: Path) -> N
 
 def test_cli_writes_the_table(register, tmp_path: Path, monkeypatch) -> None:
     name = register(FakeOrt)
-    status = conformance.main(
-        ["--backend", name, "--out", str(tmp_path), "--op", "Relu", "--workers", "0", "--check"]
-    )
+    args = ["--backend", name, "--out", str(tmp_path), "--op", "Relu", "--workers", "0"]
+    status = conformance.main([*args, "--checks", "node"])
     assert status == 0
     text = (tmp_path / f"{name}.md").read_text()
     assert (
@@ -510,8 +467,9 @@ def test_cli_writes_the_table(register, tmp_path: Path, monkeypatch) -> None:
         and "| Relu (function body) | yes | 1 | 0 | 0 |" in text
     )
     assert conformance.main(["--backend", "no-such-backend", "--out", str(tmp_path)]) == 2
-    # A backend not in the registry, by module:Class; --check fails on its wrong Relu.
+    # A backend not in the registry, by module:Class: its wrong Relu fails the run.
     spec = f"{__name__}:WrongRelu"
     args = ["--backend", spec, "--out", str(tmp_path), "--op", "Relu", "--workers", "0"]
+    args += ["--checks", "node"]
     assert conformance.main([*args, "--check"]) == 1
     assert (tmp_path / "fake-wrong-relu.md").exists()

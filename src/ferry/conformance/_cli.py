@@ -2,12 +2,15 @@
 
 ::
 
-    python -m ferry.conformance [run] --backend NAME --out DIR [--op OP] [--workers N] ...
+    python -m ferry.conformance [run] --backend NAME [--out DIR] [--checks node,cache,dynamic,
+        bad-inputs,threads,kit] [--sample N] [--op OP] [--workers N] [--kit-tools DIR] ...
     python -m ferry.conformance rules onnxruntime [--op OP] [--out FILE | -]
     python -m ferry.conformance rules openvino [--op OP] [--out FILE | -] [--jobs N]
         [--results runs.json] [--reuse runs.json [--rerun A,B]]
 
-``run`` (the default) writes ``<backend>.md`` and ``<backend>.json`` into DIR; ``rules`` rewrites
+``run`` (the default) runs the adapter kit's checks and writes ``<backend>.md`` and
+``<backend>.json`` into DIR; its exit status is 0 only when every check passed (1: one failed;
+2: the backend is missing, named with what to install, or an argument is wrong). ``rules`` rewrites
 the generated module in ``ferry/backends/`` (or FILE; ``-`` prints it), which then wants
 ``ruff format``. With ``--op`` a generator measures only those ops and prints the partial table
 unless ``--out`` says where to write it: a smoke run, never a table to commit.
@@ -23,9 +26,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ferry.conformance._cases import collect_cases, sample_cases
-from ferry.conformance._runner import DEFAULT_TIMEOUT, run_conformance
-from ferry.conformance._tables import write_table, write_text
+from ferry.conformance._check_kit import KIT_SAMPLE
+from ferry.conformance._checks import CHECKS
+from ferry.conformance._kit import run_adapter_kit
+from ferry.conformance._kit_tables import write_adapter_report
+from ferry.conformance._runner import DEFAULT_TIMEOUT
+from ferry.conformance._tables import write_text
 from ferry.errors import FerryError
 
 if TYPE_CHECKING:
@@ -42,7 +48,9 @@ _TABLES = {"onnxruntime": "_onnxruntime_ops.py", "openvino": "_openvino_rules.py
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    # ferry's own progress at INFO; libraries' (onnxscript's pass manager...) only when they warn.
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("ferry").setLevel(logging.INFO)
     if args[:1] == ["rules"]:
         return _rules(args[1:])
     if args[:1] == ["run"]:
@@ -57,8 +65,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m ferry.conformance [run]",
-        description="Run ONNX's node test cases on a ferry backend for the ops its rules claim, "
-        "and write its table.",
+        description="Run the adapter conformance kit on an installed ferry backend (ONNX's node "
+        "test cases for the ops its rules claim, caching, dynamic sizes, bad inputs, thread "
+        "safety, kit models judged at the task) and write <backend>.md and <backend>.json. "
+        "Exit status 0 only when every check passed.",
         epilog="Regenerate a rule table: python -m ferry.conformance rules {onnxruntime,openvino} "
         "--help",
     )
@@ -75,63 +85,113 @@ def _run(argv: Sequence[str]) -> int:
         help="folder for <backend>.md and <backend>.json",
     )
     parser.add_argument(
+        "--checks",
+        default=",".join(CHECKS),
+        help=f"the checks to run, comma-separated (default: all: {','.join(CHECKS)})",
+    )
+    parser.add_argument(
         "--op",
         action="append",
         default=None,
-        help="only this op (repeatable; 'domain::Op' outside the ONNX domain)",
+        help="node cases of this op only (repeatable; 'domain::Op' outside the ONNX domain)",
     )
     parser.add_argument(
         "--workers",
         type=int,
         default=1,
-        help="worker processes; 0 runs in-process, without timeouts or crash "
+        help="worker processes for the node cases; 0 runs in-process, without timeouts or crash "
         "isolation (default: 1)",
     )
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per case")
     parser.add_argument(
+        "--sample",
         "--per-op",
+        dest="per_op",
         type=int,
         default=None,
-        help="run at most this many cases per op (a sample; default: all)",
+        help="run at most N node cases per op (a sample, said in the table; default: all)",
     )
     parser.add_argument(
-        "--include-unclaimed", action="store_true", help="also run the cases the rules do not claim"
+        "--kit-models",
+        default=None,
+        help=f"kit models to judge, comma-separated (default: {','.join(KIT_SAMPLE)})",
     )
     parser.add_argument(
-        "--check", action="store_true", help="exit 1 when a claimed op fails a case"
+        "--kit-tools",
+        default=None,
+        help="folder of the kit's kit.json and inputs.py (default: $FERRY_KIT_TOOLS, the kit "
+        "folder, or tests/real/kit under the current folder)",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="(kept for old scripts: the exit status always says)"
     )
     args = parser.parse_args(argv)
 
+    checks = [c.strip() for c in args.checks.split(",") if c.strip()]
+    unknown = [c for c in checks if c not in CHECKS]
+    if unknown or not checks:
+        logger.error(
+            "--checks: unknown check %s; choose from %s",
+            ", ".join(map(repr, unknown)) or "(none given)",
+            ",".join(CHECKS),
+        )
+        return 2
     ops = None
     if args.op:
         ops = {tuple(o.split("::", 1)) if "::" in o else ("", o) for o in args.op}
+    kit_models = [m.strip() for m in args.kit_models.split(",")] if args.kit_models else None
+    command = _command_tail(args, checks)
     status = 0
     for name in args.backend:
         try:
             backend = _backend_from_cli(name)
         except FerryError as e:
-            logger.error("%s", e)
+            logger.error("%s", _install_line(name, e))
             status = 2
             continue
-        cases = collect_cases(ops)
-        if args.per_op is not None:
-            cases = sample_cases(cases, args.per_op)
-        report = run_conformance(
+        report = run_adapter_kit(
             backend,
-            ops,
-            cases=cases,
+            checks,
+            per_op=args.per_op,
+            ops=ops,
             workers=args.workers,
             timeout=args.timeout,
-            include_unclaimed=args.include_unclaimed,
+            kit_models=kit_models,
+            kit_tools=args.kit_tools,
         )
-        path = write_table(report, args.out)
+        path = write_adapter_report(report, args.out, command)
         logger.info("%s\nwrote %s and %s", report.summary(), path, path.with_suffix(".json"))
-        bad = report.claimed_failures()
-        for op, failed in bad.items():
-            logger.info("claimed but failing: %s: %s", op, ", ".join(c.case_name for c in failed))
-        if args.check and bad:
+        for check in report.checks:
+            if check.failed:
+                logger.info("%s %s: %s", check.check, check.status, check.summary)
+        if not report.passed:
             status = max(status, 1)
     return status
+
+
+def _command_tail(args: argparse.Namespace, checks: Sequence[str]) -> list[str]:
+    """The options of this run that shape its report, for the table's header."""
+    tail: list[str] = []
+    if list(checks) != list(CHECKS):
+        tail += ["--checks", ",".join(checks)]
+    if args.per_op is not None:
+        tail += ["--sample", str(args.per_op)]
+    for op in args.op or []:
+        tail += ["--op", op]
+    if args.kit_models:
+        tail += ["--kit-models", args.kit_models]
+    return tail
+
+
+def _install_line(name: str, error: FerryError) -> str:
+    """One line: why ``name`` cannot be run, and what to install."""
+    text = " ".join(str(error).split())
+    if text.startswith("unknown backend"):
+        text += (
+            f"; install the adapter package that registers {name!r} in the 'ferry.backends' "
+            "entry-point group (pip install <its package>) and run again"
+        )
+    return text
 
 
 def _backend_from_cli(spec: str) -> Backend:

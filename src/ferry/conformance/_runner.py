@@ -43,7 +43,7 @@ from ferry.errors import FerryError
 if TYPE_CHECKING:
     from ferry.backends import Backend, RuleTable
 
-__all__ = ["DEFAULT_TIMEOUT", "rule_table", "run_case", "run_conformance"]
+__all__ = ["DEFAULT_TIMEOUT", "one_line", "rule_table", "run_case", "run_conformance"]
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ def run_case(
             case.op,
             case.name,
             "error",
-            f"preparing the case: {_one_line(e)}",
+            f"preparing the case: {one_line(e)}",
             expanded=case.expanded,
         )
     if isinstance(prepared, CaseResult):
@@ -258,7 +258,7 @@ def _execute(
                 return result("fail", reason, worst, seconds=time.perf_counter() - start)
         return result("pass", None, worst, seconds=time.perf_counter() - start)
     except Exception as e:
-        return result("error", f"{stage}: {_one_line(e)}", seconds=time.perf_counter() - start)
+        return result("error", f"{stage}: {one_line(e)}", seconds=time.perf_counter() - start)
 
 
 def _compare(
@@ -285,7 +285,9 @@ def _compare(
     return None, worst
 
 
-def _one_line(e: BaseException, limit: int = 400) -> str:
+def one_line(e: BaseException, limit: int = 400) -> str:
+    """An exception as one line: its type (unless it is ferry's own error) and its message, both
+    ends kept when it is longer than ``limit``."""
     text = " ".join(str(e).split()) or type(e).__name__
     if not isinstance(e, FerryError):
         text = f"{type(e).__name__}: {text}"
@@ -349,7 +351,7 @@ def run_conformance(
             prepared = _prepare_verdict(case, table, include_unclaimed)
         except Exception as e:
             prepared = CaseResult(
-                case.op, case.name, "error", f"preparing: {_one_line(e)}", expanded=case.expanded
+                case.op, case.name, "error", f"preparing: {one_line(e)}", expanded=case.expanded
             )
         if isinstance(prepared, CaseResult):
             results[index] = prepared
@@ -407,7 +409,7 @@ def _engine_version(backend: Backend) -> str:
     try:
         return str(backend.version)
     except Exception as e:  # a report without a version beats no report
-        return f"unknown ({_one_line(e, 80)})"
+        return f"unknown ({one_line(e, 80)})"
 
 
 def _lost(case: ConformanceCase, lost: Lost, timeout: float) -> CaseResult:
@@ -452,4 +454,4 @@ def _run_task(state: tuple[Backend, dict[str, Any]], task: _Task) -> CaseResult:
         model = ir.from_proto(onnx.load_from_string(blob))
         return _execute(backend, case, model, claimed, options)
     except Exception as e:
-        return CaseResult(case.op, case.name, "error", _one_line(e), expanded=case.expanded)
+        return CaseResult(case.op, case.name, "error", one_line(e), expanded=case.expanded)

@@ -1,0 +1,132 @@
+"""The adapter conformance kit (``python -m ferry.conformance --backend NAME``) on adapters made
+up to get one thing wrong each (``kit_adapters``), and on ONNX Runtime: the kit passes a
+conforming adapter and catches a wrong op, an engine error escaping on a bad input, a
+thread-unsafe adapter and a wrong answer at another size.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import kit_adapters
+import pytest
+from kit_adapters import Crashy, Lies, NumpyEngine, Refuses, Unsafe, WrongRelu
+
+from ferry import conformance
+from ferry.backends import get_backend
+from ferry.conformance import (
+    CHECKS,
+    check_bad_inputs,
+    check_cache,
+    check_dynamic,
+    check_kit,
+    check_threads,
+    read_adapter_report,
+    run_adapter_kit,
+)
+
+#: The node cases the made-up adapters' checks run (theirs, and two they do not claim).
+OPS = [("", "Relu"), ("", "Add"), ("", "MatMul"), ("", "Neg")]
+#: Every check but the kit's (a test of its own below).
+FAST = [c for c in CHECKS if c != "kit"]
+
+
+@pytest.fixture
+def adapters(monkeypatch: pytest.MonkeyPatch) -> None:
+    kit_adapters.register(monkeypatch)
+
+
+def test_a_conforming_adapter_passes_every_check(adapters, tmp_path: Path) -> None:
+    report = run_adapter_kit(get_backend(NumpyEngine.name), FAST, ops=OPS, workers=0)
+    assert report.passed, report.summary()
+    assert [c.check for c in report.checks] == FAST
+    cache = report.check("cache")
+    assert cache is not None and "compiles nothing" in cache.summary
+    assert report.nodes is not None and report.nodes.counts()["pass"] >= 3
+    md = conformance.write_adapter_report(report, tmp_path, ["--checks", ",".join(FAST)])
+    text = md.read_text()
+    assert text.startswith("# Adapter conformance: kit-numpy") and "**PASS**" in text
+    assert "| Kit models judged at the task | not run |" in text
+    assert "| Relu | yes | 1 | 0 | 0 |" in text
+    again = read_adapter_report(md.with_suffix(".json"))
+    assert again.to_dict() == report.to_dict()
+
+
+def test_a_wrong_op_is_a_claimed_failure_and_fails_the_cli(adapters, tmp_path: Path) -> None:
+    report = run_adapter_kit(get_backend(WrongRelu.name), ["node"], ops=OPS, workers=0)
+    node = report.check("node")
+    assert node is not None and node.status == "fail" and "Relu" in node.summary
+    assert not report.passed
+    args = ["--backend", WrongRelu.name, "--out", str(tmp_path), "--workers", "0"]
+    args += ["--checks", "node,dynamic", "--op", "Relu"]
+    assert conformance.main(args) == 1
+    data = json.loads((tmp_path / f"{WrongRelu.name}.json").read_text())
+    assert data["passed"] is False and data["nodes"]["claimed_failures"] == {"Relu": ["test_relu"]}
+    # The same check on the right adapter: exit 0.
+    args[1] = NumpyEngine.name
+    assert conformance.main(args) == 0
+
+
+def test_an_engine_error_escaping_on_a_bad_input_is_caught(adapters) -> None:
+    result = check_bad_inputs(get_backend(Crashy.name))
+    assert result.status == "fail"
+    assert "the engine's own error escaped" in result.summary and "TypeError" in result.summary
+    assert any(
+        d.startswith("an unknown input name: refused: InvalidInputError") for d in result.details
+    )
+    assert result.details[-1] == "a good input afterwards: answered right"
+    assert check_bad_inputs(get_backend(NumpyEngine.name)).status == "pass"
+
+
+def test_a_thread_unsafe_adapter_is_caught(adapters) -> None:
+    result = check_threads(get_backend(Unsafe.name))
+    assert result.status == "fail" and "differ from the serial ones" in result.summary
+    assert check_threads(get_backend(NumpyEngine.name)).status == "pass"
+
+
+def test_dynamic_sizes_claimed_or_refused_never_wrong(adapters) -> None:
+    lies = check_dynamic(get_backend(Lies.name))
+    assert lies.status == "fail" and "a wrong answer" in lies.summary
+    refuses = check_dynamic(get_backend(Refuses.name))
+    assert refuses.status == "pass", refuses.summary
+    assert (
+        "does not claim dynamic shapes" in refuses.summary
+        and "refused batch 3, 7" in refuses.summary
+    )
+
+
+def test_the_kit_passes_for_onnxruntime_on_a_sample(tmp_path: Path) -> None:
+    ops = [("", "Relu"), ("", "Conv"), ("", "Softmax")]
+    report = run_adapter_kit(get_backend("onnxruntime"), FAST, per_op=1, ops=ops, workers=0)
+    assert report.passed, report.summary()
+    assert report.sampled == "at most 1 node case per op"
+    cache = report.check("cache")
+    assert cache is not None and cache.summary.startswith("nothing to cache")
+
+
+def test_cache_check_fails_an_adapter_that_claims_a_cache_but_stores_nothing(
+    adapters, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kit_adapters.NumpyPartition, "serialize", lambda self: b"")
+    result = check_cache(get_backend(NumpyEngine.name))
+    assert result.status == "fail" and "serialize() gives no bytes" in result.summary
+
+
+def test_kit_check_says_how_to_fetch_an_absent_kit(
+    adapters, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FERRY_KIT", str(tmp_path / "no-kit"))
+    result = check_kit(get_backend(NumpyEngine.name))
+    assert result.status == "skip" and "bash scripts/fetch-kit.sh" in result.summary
+
+
+def test_cli_names_what_to_install_for_a_missing_backend(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    status = conformance.main(["--backend", "no-such-engine", "--out", str(tmp_path)])
+    assert status == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "\n" not in errors[0]
+    assert "unknown backend 'no-such-engine'" in errors[0] and "pip install" in errors[0]
+    assert conformance.main(["--backend", "onnxruntime", "--checks", "nope"]) == 2
