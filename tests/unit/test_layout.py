@@ -29,6 +29,7 @@ LEVELS: dict[str, int] = {
     "_version": 0,
     "_lazy": 0,
     "_state_names": 0,
+    "_signals": 0,
     "errors": 0,
     "_folders": 1,
     "graph": 1,

@@ -59,6 +59,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ferry._signals import signal_name
 from ferry._version import __version__
 from ferry.bench._agent_upload import INPUTS_FOLDER, mib, too_large, unpack
 from ferry.errors import FerryError
@@ -324,10 +325,7 @@ def _died(code: int, memory_bytes: int | None) -> str:
     )
     if code >= 0:
         return f"the benchmark process exited with status {code} without a result{limit}"
-    try:
-        name = signal.Signals(-code).name
-    except ValueError:
-        name = f"signal {-code}"
+    name = signal_name(-code)
     if name in _CRASHES:
         return f"the engine crashed: killed by {name} ({_CRASHES[name]}){limit}"
     if name == "SIGKILL" and not limit:

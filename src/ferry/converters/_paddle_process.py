@@ -13,12 +13,12 @@ import importlib.util
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from ferry._signals import signal_name
 from ferry.converters._base import strip_colors
 from ferry.errors import BackendUnavailableError
 
@@ -93,11 +93,7 @@ def _exit_text(code: int) -> str:
     (Python's ``sys.exit(-1)`` is 255, which is not "signal 127").
     """
     if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"the converter process was killed by {name}"
+        return f"the converter process was killed by {signal_name(-code)}"
     return f"the converter process exited with status {code}"
 
 

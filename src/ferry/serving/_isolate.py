@@ -23,7 +23,6 @@ import dataclasses
 import logging
 import multiprocessing
 import multiprocessing.connection
-import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ferry._signals import signal_name
 from ferry.errors import EngineClosedError, ModelLoadError
 from ferry.serving._config import ModelConfig
 from ferry.serving._isolate_wire import Wire
@@ -78,10 +78,7 @@ def exit_text(code: int | None) -> str:
     if code is None:
         return "still running"
     if code < 0:
-        try:
-            return signal.Signals(-code).name
-        except ValueError:
-            return f"signal {-code}"
+        return signal_name(-code)
     return f"exit code {code}"
 
 
