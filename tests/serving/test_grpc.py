@@ -368,3 +368,60 @@ def test_a_full_queue_says_when_to_retry(served: GrpcServer) -> None:
     asyncio.run(servicer._fail(context, EngineBusyError("the queue is full", retry_after=2.5)))
     assert context.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert context.trailing == {"retry-after": "3"} and context.details == "the queue is full"
+
+
+def _health_messages() -> tuple[Any, Any]:
+    """grpc.health.v1's two messages, built from their proto definition (no package needed)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    proto = descriptor_pb2.FileDescriptorProto(
+        name="ferry_test_health.proto", package="grpc.health.v1", syntax="proto3"
+    )
+    request = proto.message_type.add(name="HealthCheckRequest")
+    request.field.add(name="service", number=1, type=9, label=1)  # string
+    response = proto.message_type.add(name="HealthCheckResponse")
+    status = response.enum_type.add(name="ServingStatus")
+    for i, name in enumerate(("UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN")):
+        status.value.add(name=name, number=i)
+    response.field.add(
+        name="status",
+        number=1,
+        type=14,
+        label=1,
+        type_name=".grpc.health.v1.HealthCheckResponse.ServingStatus",
+    )
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return (
+        message_factory.GetMessageClass(
+            pool.FindMessageTypeByName("grpc.health.v1.HealthCheckRequest")
+        ),
+        message_factory.GetMessageClass(
+            pool.FindMessageTypeByName("grpc.health.v1.HealthCheckResponse")
+        ),
+    )
+
+
+def test_grpc_health_service_answers_probes(served: GrpcServer) -> None:
+    """Kubernetes' grpc probes and grpc_health_probe call grpc.health.v1.Health/Check."""
+    request_type, response_type = _health_messages()
+    with grpc.insecure_channel(served.address) as channel:
+        check = channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=response_type.FromString,
+        )
+        serving = response_type.ServingStatus.Value("SERVING")
+        not_serving = response_type.ServingStatus.Value("NOT_SERVING")
+        assert check(request_type(service="")).status == serving
+        assert check(request_type(service="live")).status == serving
+        assert check(request_type(service="add")).status == serving
+        assert check(request_type(service="idle")).status == not_serving  # not loaded
+        code, details = code_of(lambda: check(request_type(service="nope")))
+        assert code == grpc.StatusCode.NOT_FOUND and "'nope'" in details
+        raw = channel.unary_unary("/grpc.health.v1.Health/Check")
+        code, details = code_of(lambda: raw(b"\x0a\x20truncated"))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "HealthCheckRequest" in details
+        watch = channel.unary_stream("/grpc.health.v1.Health/Watch")
+        code, _ = code_of(lambda: list(watch(b"")))
+        assert code == grpc.StatusCode.UNIMPLEMENTED

@@ -17,7 +17,9 @@ The messages are Triton's own (``tritonclient.grpc.service_pb2``, shipped by ``t
 Errors map through the HTTP app's classification (:func:`status_of`): 400 -> INVALID_ARGUMENT,
 401 -> UNAUTHENTICATED, 404 -> NOT_FOUND, 413 and 429 -> RESOURCE_EXHAUSTED, 503 -> UNAVAILABLE,
 500 -> INTERNAL. With an API key, inference and repository RPCs need the metadata
-``authorization: Bearer KEY``. Shared memory, trace and log settings answer UNIMPLEMENTED.
+``authorization: Bearer KEY``. Shared memory, trace and log settings answer UNIMPLEMENTED. gRPC's
+standard health service (``grpc.health.v1.Health/Check``, for Kubernetes' probes) is served beside
+it (:mod:`ferry.serving._grpc_health`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from ferry.serving._app import (
     ready_reasons,
 )
 from ferry.serving._grpc_codec import decode_grpc_request, encode_grpc_response, parameters_of
+from ferry.serving._grpc_health import health_handler
 from ferry.serving._http import HTTPError
 from ferry.serving._repository import ModelNotReadyError
 from ferry.serving._server import bind
@@ -175,6 +178,7 @@ class GrpcServer:
         )
         self._servicer = _Servicer(self.state)
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self._servicer, server)
+        server.add_generic_rpc_handlers((health_handler(self.state, grpc),))
         host = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") else self.host
         try:
             port = server.add_insecure_port(f"{host}:{self.port}")
