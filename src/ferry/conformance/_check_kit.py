@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,8 +58,18 @@ def check_kit(
     *,
     models: Sequence[str] = KIT_SAMPLE,
     tools: str | os.PathLike[str] | None = None,
+    files: Mapping[str, str | os.PathLike[str]] | None = None,
 ) -> CheckResult:
-    """Run the kit check on ``backend`` (see the module's docstring)."""
+    """Run the kit check on ``backend`` (see the module's docstring).
+
+    Args:
+        backend: the adapter, registered (``ferry.load`` reaches it by name).
+        models: the kit model ids to judge.
+        tools: the folder of the kit's ``kit.json`` and ``inputs.py`` (see :func:`kit_tools`).
+        files: ONNX files to load for some ids instead of the kit's own file: a model the kit
+            holds in another format (MTCNN's PyTorch state_dicts), converted with ``ferry
+            convert``; its inputs and judge stay the kit's.
+    """
     kit = kit_dir()
     if not (kit / "models" / ".done").is_file():
         line = f"the real-model kit is not fetched into {kit}: run `{FETCH_COMMAND}` (or set $FERRY_KIT)"
@@ -74,7 +84,10 @@ def check_kit(
     text = (folder / _TOOLS[0]).read_text(encoding="utf-8")
     manifest = {e["id"]: e for e in json.loads(text)["models"]}
     recipes, why_not = _recipes(folder)
-    rows = [_judge_model(backend.name, manifest.get(m), m, kit, recipes) for m in models]
+    given = {k: Path(v) for k, v in (files or {}).items()}
+    rows = [
+        _judge_model(backend.name, manifest.get(m), m, kit, recipes, given.get(m)) for m in models
+    ]
     if why_not:
         for row in rows:
             if row["status"] != "skip":
@@ -122,8 +135,10 @@ def _judge_model(
     model_id: str,
     kit: Path,
     recipes: ModuleType | None,
+    file: Path | None,
 ) -> dict[str, Any]:
-    """One table row: the model on ``name`` and ONNX Runtime against ONNX Runtime alone."""
+    """One table row: the model on ``name`` and ONNX Runtime against ONNX Runtime alone (from
+    ``file`` when given, else the kit's own file)."""
     row: dict[str, Any] = {
         "model": model_id,
         "placed": "",
@@ -136,17 +151,22 @@ def _judge_model(
     if entry is None:
         row["note"] = "not in the kit's manifest"
         return row
-    if entry["format"] != "onnx":
+    if file is None and entry["format"] != "onnx":
         row["note"] = (
-            f"a {entry['format']} model, not ONNX: convert it first (ferry convert); the kit "
-            "check loads ONNX files as they are"
+            f"a {entry['format']} model, not ONNX: convert it (ferry convert) and pass "
+            f"--kit-file {model_id}=FILE.onnx"
         )
         return row
+    path = file if file is not None else kit / "models" / entry["file"]
     import time
 
     start = time.perf_counter()
     try:
-        _run_model(name, entry, kit, recipes, row)
+        _run_model(name, entry, path, kit, recipes, row)
+        if file is not None:
+            row["note"] = "; ".join(
+                x for x in (f"converted file given: {file.name}", row["note"]) if x
+            )
     except Exception as e:
         row["status"], row["note"] = "error", one_line(e, 200)
     row["seconds"] = round(time.perf_counter() - start, 1)
@@ -154,12 +174,16 @@ def _judge_model(
 
 
 def _run_model(
-    name: str, entry: dict[str, Any], kit: Path, recipes: ModuleType | None, row: dict[str, Any]
+    name: str,
+    entry: dict[str, Any],
+    path: Path,
+    kit: Path,
+    recipes: ModuleType | None,
+    row: dict[str, Any],
 ) -> None:
     from ferry.parity import judge
     from ferry.runtime import found_inputs, load
 
-    path = kit / "models" / entry["file"]
     if recipes is not None:
         feeds = {k: np.asarray(v) for k, v in recipes.feeds(entry["id"], kit).items()}
         row["inputs"] = "the kit's recipes"
@@ -179,7 +203,14 @@ def _run_model(
     got = session.run(feeds)
     spec = dict(entry["judge"])
     verdicts = judge(spec)(dict(got), dict(want))
-    row["agreement"] = "; ".join(f"{v.kind} {v.score:.4f} (>= {v.threshold:g})" for v in verdicts)
+    kinds: dict[str, list[Any]] = {}
+    for v in verdicts:
+        kinds.setdefault(v.kind, []).append(v)
+    row["agreement"] = "; ".join(
+        f"{kind} {min(v.score for v in vs):.4f} (>= {vs[0].threshold:g})"
+        + (f", the worst of {len(vs)} outputs" if len(vs) > 1 else "")
+        for kind, vs in kinds.items()
+    )
     bad = [v for v in verdicts if not v.passed]
     if bad:
         row["status"] = "fail"

@@ -123,6 +123,14 @@ def _run(argv: Sequence[str]) -> int:
         "folder, or tests/real/kit under the current folder)",
     )
     parser.add_argument(
+        "--kit-file",
+        action="append",
+        default=[],
+        metavar="ID=FILE",
+        help="judge this ONNX file for kit model ID (one the kit holds in another format, "
+        "converted with ferry convert; repeatable)",
+    )
+    parser.add_argument(
         "--check", action="store_true", help="(kept for old scripts: the exit status always says)"
     )
     args = parser.parse_args(argv)
@@ -140,6 +148,11 @@ def _run(argv: Sequence[str]) -> int:
     if args.op:
         ops = {tuple(o.split("::", 1)) if "::" in o else ("", o) for o in args.op}
     kit_models = [m.strip() for m in args.kit_models.split(",")] if args.kit_models else None
+    bad_files = [f for f in args.kit_file if "=" not in f]
+    if bad_files:
+        logger.error("--kit-file wants ID=FILE, got %s", ", ".join(map(repr, bad_files)))
+        return 2
+    kit_files = dict(f.split("=", 1) for f in args.kit_file)
     command = _command_tail(args, checks)
     status = 0
     for name in args.backend:
@@ -158,6 +171,7 @@ def _run(argv: Sequence[str]) -> int:
             timeout=args.timeout,
             kit_models=kit_models,
             kit_tools=args.kit_tools,
+            kit_files=kit_files,
         )
         path = write_adapter_report(report, args.out, command)
         logger.info("%s\nwrote %s and %s", report.summary(), path, path.with_suffix(".json"))
@@ -180,6 +194,9 @@ def _command_tail(args: argparse.Namespace, checks: Sequence[str]) -> list[str]:
         tail += ["--op", op]
     if args.kit_models:
         tail += ["--kit-models", args.kit_models]
+    for given in args.kit_file:
+        model, _, file = given.partition("=")
+        tail += ["--kit-file", f"{model}={Path(file).name}"]
     return tail
 
 

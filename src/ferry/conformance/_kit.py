@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ferry.conformance._checks import CHECKS, AdapterReport, CheckResult
@@ -41,6 +41,7 @@ def run_adapter_kit(
     timeout: float = DEFAULT_TIMEOUT,
     kit_models: Sequence[str] | None = None,
     kit_tools: str | None = None,
+    kit_files: Mapping[str, str] | None = None,
 ) -> AdapterReport:
     """Run the kit's ``checks`` on ``backend``.
 
@@ -52,6 +53,7 @@ def run_adapter_kit(
         workers / timeout: the node cases' crash-isolated pool (see ``run_conformance``).
         kit_models: the kit models to judge (default ``KIT_SAMPLE``).
         kit_tools: the folder of the kit's ``kit.json`` and ``inputs.py``.
+        kit_files: converted ONNX files for kit models held in another format (``check_kit``).
 
     Raises:
         InvalidInputError: an unknown check name.
@@ -79,7 +81,7 @@ def run_adapter_kit(
         else f"at most {per_op} node case{'s' if per_op != 1 else ''} per op",
     )
     reachable = registered(backend)
-    runners = _runners(report, per_op, ops, workers, timeout, kit_models, kit_tools)
+    runners = _runners(report, per_op, ops, workers, timeout, kit_models, kit_tools, kit_files)
     for name in [c for c in CHECKS if c in wanted]:
         start = time.perf_counter()
         if name in _SESSION_CHECKS and not reachable:
@@ -115,6 +117,7 @@ def _runners(
     timeout: float,
     kit_models: Sequence[str] | None,
     kit_tools: str | None,
+    kit_files: Mapping[str, str] | None,
 ) -> dict[str, Callable[[Backend], CheckResult]]:
     from ferry.conformance._check_cache import check_cache
     from ferry.conformance._check_dynamic import check_dynamic
@@ -135,7 +138,7 @@ def _runners(
         return node_verdict(nodes)
 
     def kit(backend: Backend) -> CheckResult:
-        return check_kit(backend, models=kit_models or KIT_SAMPLE, tools=kit_tools)
+        return check_kit(backend, models=kit_models or KIT_SAMPLE, tools=kit_tools, files=kit_files)
 
     return {
         "node": node,
