@@ -87,8 +87,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def local_argv(mount: Path, container: dict[str, Any], port: int) -> list[str]:
-    """The container's command with ``mount`` for /mnt/models, this port and address."""
+def local_argv(
+    mount: Path, container: dict[str, Any], port: int, grpc_port: int | None = None
+) -> list[str]:
+    """The container's command with ``mount`` for /mnt/models, this port (and ``grpc_port`` for
+    the gRPC one) and address."""
     argv = [*container["command"], *container["args"]]
     assert argv[:2] == ["ferry", "serve"], argv
     local: list[str] = []
@@ -97,6 +100,8 @@ def local_argv(mount: Path, container: dict[str, Any], port: int) -> list[str]:
             arg = str(mount) + arg.removeprefix("/mnt/models")
         elif arg == "8080":
             arg = str(port)
+        elif arg == "8081" and grpc_port is not None:
+            arg = str(grpc_port)
         elif arg == "0.0.0.0":
             arg = "127.0.0.1"
         local.append(arg)
@@ -134,6 +139,7 @@ def serve_manifest(
     *,
     secrets: Mapping[tuple[str, str], str] | None = None,
     mount: Path | None = None,
+    grpc_port: int | None = None,
 ) -> Iterator[str]:
     """Run the manifest's predictor command here; yield ``host:port`` once its readiness probe
     answers 200. On exit: SIGTERM (as Kubernetes stops a pod), and ferry serve must exit 0.
@@ -142,12 +148,15 @@ def serve_manifest(
     Dockerfile copies there; with a storage URI, where the test put what KServe downloads)."""
     container = container_of(load_manifest(out_dir))
     port = free_port()
-    argv = local_argv(mount if mount is not None else out_dir / "model", container, port)
+    mount = mount if mount is not None else out_dir / "model"
+    argv = local_argv(mount, container, port, grpc_port)
     # The container's environment only, as the pod has it: no API key but the manifest's.
     env = {k: v for k, v in os.environ.items() if k != "FERRY_API_KEY"}
     env["FERRY_CACHE_DIR"] = str(tmp / "engine-cache")
     env.update(container_env(container, secrets or {}))
-    ready = container["readinessProbe"]["httpGet"]["path"]
+    # With --protocol grpc the probes ask gRPC's health service; HTTP's readiness (the same
+    # answer, served inside the pod) tells this test when to start.
+    ready = container["readinessProbe"].get("httpGet", {}).get("path", "/v2/health/ready")
     log = tmp / f"ferry-serve-{port}.log"
     with log.open("wb") as sink:
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=env)

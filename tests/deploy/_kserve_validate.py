@@ -71,6 +71,7 @@ def probe(p: Any) -> dict[str, Any] | None:
     return {
         "path": p.http_get.path if p.http_get else None,
         "port": p.http_get.port if p.http_get else None,
+        "grpc": (p.grpc.port, p.grpc.service) if getattr(p, "grpc", None) else None,
         "initial_delay_seconds": p.initial_delay_seconds,
         "period_seconds": p.period_seconds,
         "timeout_seconds": p.timeout_seconds,

@@ -129,6 +129,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "repo": ("repo", {"autoscale": (1, 4)}),
     "gpu": ("file", {"name": "trt", "gpu": 1, "backends": "tensorrt,onnxruntime", "cpu": "4"}),
     "storage": ("file", {"storage_uri": "s3://bucket/models", "wheel": False}),
+    "grpc": ("file", {"name": "adder-grpc", "protocol": "grpc"}),
 }
 
 
@@ -230,10 +231,16 @@ def test_predictor_as_the_sdk_reads_it(
     assert [*view["command"], *view["args"]] == list(deployment.command)
     assert deployment.model_path.startswith("/mnt/models/")
     assert view["env"]["PROTOCOL"] == "v2"
-    assert view["ports"] == [{"name": "http1", "container_port": 8080, "protocol": "TCP"}]
     ready, live = view["readiness"], view["liveness"]
-    assert (ready["path"], ready["port"]) == ("/v2/health/ready", 8080)
-    assert (live["path"], live["port"]) == ("/v2/health/live", 8080)
+    if variant == "grpc":
+        # KServe routes the one port named h2c; Knative probes that port: gRPC's health check.
+        assert view["ports"] == [{"name": "h2c", "container_port": 8081, "protocol": "TCP"}]
+        assert (ready["grpc"], live["grpc"]) == ([8081, "ready"], [8081, "live"])
+        assert view["args"][7:] == ["--grpc-port", "8081"]
+    else:
+        assert view["ports"] == [{"name": "http1", "container_port": 8080, "protocol": "TCP"}]
+        assert (ready["path"], ready["port"]) == ("/v2/health/ready", 8080)
+        assert (live["path"], live["port"]) == ("/v2/health/live", 8080)
     # A loading model must never get the pod restarted: a minute or more without an answer.
     grace = live["initial_delay_seconds"] + live["period_seconds"] * live["failure_threshold"]
     assert grace >= 60
@@ -329,6 +336,45 @@ def test_predictor_command_serves_a_model_file(
 
 
 @pytest.mark.slow
+def test_predictor_command_serves_grpc_with_its_health_probes(
+    written: dict[str, Any], sources: dict[str, Path], tmp_path: Path
+) -> None:
+    """--protocol grpc: the pod's routed port answers Triton's gRPC inference and the health
+    checks its probes make."""
+    import grpc
+    import tritonclient.grpc as tgrpc
+
+    deployment = written["deployments"]["grpc"]
+    port = kh.free_port()
+    with kh.serve_manifest(deployment.out_dir, tmp_path, grpc_port=port):
+        probes = kh.container_of(kh.load_manifest(deployment.out_dir))
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            check = channel.unary_unary("/grpc.health.v1.Health/Check")
+            for probe in ("readinessProbe", "livenessProbe"):
+                service = probes[probe]["grpc"]["service"].encode()
+                request = bytes((0x0A, len(service))) + service  # HealthCheckRequest.service
+                assert check(request, timeout=10) == b"\x08\x01"  # SERVING
+        client = tgrpc.InferenceServerClient(f"127.0.0.1:{port}")
+        model = onnx.load(sources["file"])
+        feeds = {
+            i.name: RNG.standard_normal(
+                [d.dim_value or 1 for d in i.type.tensor_type.shape.dim]
+            ).astype(np.float32)
+            for i in model.graph.input
+        }
+        inputs = []
+        for name, array in feeds.items():
+            tensor = tgrpc.InferInput(name, list(array.shape), "FP32")
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        result = client.infer("Adder_Model", inputs)
+        want = kh.onnxruntime_outputs(sources["file"], feeds)
+        for name in want:
+            np.testing.assert_allclose(result.as_numpy(name), want[name], rtol=1e-5, atol=1e-6)
+        client.close()
+
+
+@pytest.mark.slow
 def test_predictor_command_serves_external_data_with_the_api_key_secret(
     written: dict[str, Any], sources: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -401,7 +447,7 @@ def test_dockerfile_runs_the_manifests_command(
     cmd = json.loads(dict(steps)["CMD"])
     container = kh.container_of(kh.load_manifest(out))
     assert cmd == [*container["command"], *container["args"]] == list(deployment.command)
-    assert dict(steps)["EXPOSE"] == "8080"
+    assert dict(steps)["EXPOSE"] == ("8080 8081" if variant == "grpc" else "8080")
     user = dict(steps)["USER"]
     assert re.fullmatch(r"[1-9]\d*:[1-9]\d*", user), user  # numeric, not root
     assert keywords.index("USER") > max(i for i, k in enumerate(keywords) if k == "RUN")

@@ -140,6 +140,8 @@ def test_the_manifests_round_trip_through_the_kserve_sdk(written: dict[str, Any]
         ({"max_queue": 0}, r"max_queue must be an integer >= 1"),
         ({"kv_cache_mib": -1}, r"kv_cache_mib must be > 0"),
         ({"max_model_len": 65}, r"over model 'tiny''s context \(64 tokens\)"),
+        ({"protocol": "grpc"}, r"tiny is generative, answered by the OpenAI API over HTTP"),
+        ({"protocol": "h2"}, r"--protocol 'h2': choose http"),
     ],
 )
 def test_bad_settings_are_refused_before_anything_is_written(

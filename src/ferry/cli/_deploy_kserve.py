@@ -138,6 +138,14 @@ class _OneLineUsage(click.Command):
     kv_note="; the default --memory counts it",
 )
 @click.option(
+    "--protocol",
+    type=click.Choice(["http", "grpc"]),
+    default="http",
+    show_default=True,
+    help="What KServe routes to the predictor (one port): KServe v2 over HTTP, or Triton's gRPC "
+    "service (ferry serve --grpc-port, port h2c, probes through grpc.health.v1).",
+)
+@click.option(
     "--wheel",
     "wheel_file",
     default=None,
@@ -175,6 +183,7 @@ def kserve_command(
     max_model_len: int | None,
     kv_cache_mib: float | None,
     max_queue: int,
+    protocol: str,
     wheel_file: Path | None,
     no_wheel: bool,
     force: bool,
@@ -201,6 +210,7 @@ def kserve_command(
           --image ghcr.io/me/ferry-mlp:1 --cpu 2 --memory 4Gi
       ferry deploy kserve model.onnx -o manifests/ --backends openvino --precision bf16
       ferry deploy kserve model.onnx -o manifests/ --api-key-secret mlp-key
+      ferry deploy kserve model.onnx -o manifests/ --protocol grpc
       ferry deploy kserve model.onnx -o manifests/ --backends tensorrt,onnxruntime --gpu 1
       ferry deploy kserve smollm2/ -o manifests/ --max-num-seqs 8 --max-model-len 2048 --cpu 4
     """
@@ -230,6 +240,7 @@ def kserve_command(
         max_model_len=max_model_len,
         kv_cache_mib=kv_cache_mib,
         max_queue=max_queue,
+        protocol=protocol,
     )
     for line in deployment.lines():
         console.print(escape(line))

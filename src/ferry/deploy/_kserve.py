@@ -86,6 +86,7 @@ from ferry.deploy._kserve_options import (
     check_image,
     check_name,
     check_namespace,
+    check_protocol,
     check_storage_uri,
     container_resources,
     default_memory,
@@ -208,6 +209,7 @@ def kserve_manifests(
     max_model_len: int | None = None,
     kv_cache_mib: float | None = None,
     max_queue: int = 256,
+    protocol: str = "http",
 ) -> KServeDeployment:
     """Write a KServe InferenceService running ``ferry serve`` on ``source`` (see the module doc).
 
@@ -249,6 +251,10 @@ def kserve_manifests(
             ``/v1`` (and Triton's generate extension), KServe scales it on requests in flight
             (target ``max_num_seqs``), a request may stream for 15 minutes, and the default
             memory is the weights twice plus the KV cache budget plus 1 GiB.
+        protocol: what KServe routes to the predictor (one port): ``"http"`` (KServe v2 over
+            HTTP; the OpenAI API for a generative model) or ``"grpc"`` (Triton's gRPC service,
+            ``ferry serve --grpc-port``, on a port named ``h2c``; probes through gRPC's health
+            service). Not grpc for a generative model.
 
     Returns:
         What was written (:class:`KServeDeployment`).
@@ -268,6 +274,7 @@ def kserve_manifests(
     if storage_uri is not None:
         storage_uri = check_storage_uri(storage_uri)
     min_replicas, max_replicas = replica_bounds(replicas, autoscale)
+    protocol = check_protocol(protocol, src)
     generation = GenerationSettings(
         max_num_seqs=max_num_seqs,
         max_model_len=max_model_len,
@@ -294,7 +301,7 @@ def kserve_manifests(
         image = check_image(image)
     wheel_file = check_wheel_file(Path(wheel)) if not isinstance(wheel, bool) else None
 
-    command = predictor_command(src, backend_names, precision, optimize, generation)
+    command = predictor_command(src, backend_names, precision, optimize, generation, protocol)
     staging = staging_dir(out)
     try:
         files: list[str] = []
@@ -324,6 +331,7 @@ def kserve_manifests(
             resources=resources,
             secret=secret,
             max_num_seqs=max_num_seqs if src.generative else None,
+            protocol=protocol,
         )
         (staging / MANIFEST_FILE).write_text(manifest_yaml(manifest), encoding="utf-8")
         readme = readme_text(
@@ -334,6 +342,7 @@ def kserve_manifests(
             storage_uri=storage_uri,
             wheel_name=None if built is not None else wheel_name,
             secret=secret,
+            protocol=protocol,
         )
         (staging / README_FILE).write_text(readme, encoding="utf-8")
         files = sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file())
@@ -350,6 +359,7 @@ def kserve_manifests(
             "generative_models": list(src.generative),
             "storage_uri": storage_uri,
             "command": command,
+            "protocol": protocol,
             "files": [*files, MARKER_FILE],
         }
         (staging / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")

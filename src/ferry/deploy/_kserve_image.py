@@ -203,11 +203,19 @@ def dockerfile_text(
     lines += [
         f"USER {USER_ID}:{USER_ID}",
         "WORKDIR /home/ferry",
-        f"EXPOSE {CONTAINER_PORT}",
+        f"EXPOSE {' '.join(_ports(command))}",
         f"CMD {json.dumps(command)}",
         "",
     ]
     return "\n".join(lines)
+
+
+def _ports(command: list[str]) -> list[str]:
+    """The ports ``ferry serve``'s ``command`` listens on: HTTP's, and gRPC's when it has one."""
+    ports = [str(CONTAINER_PORT)]
+    if "--grpc-port" in command:
+        ports.append(command[command.index("--grpc-port") + 1])
+    return ports
 
 
 def _sh_quote(text: str) -> str:

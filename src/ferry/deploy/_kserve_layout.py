@@ -19,6 +19,7 @@ __all__ = [
     "DEFAULT_SECRET_KEY",
     "DOCKERFILE",
     "DRAIN_TIMEOUT_S",
+    "GRPC_CONTAINER_PORT",
     "KSERVE_API_VERSION",
     "LIVENESS_PATH",
     "MANIFEST_FILE",
@@ -38,6 +39,8 @@ __all__ = [
 KSERVE_API_VERSION = "serving.kserve.io/v1beta1"
 #: KServe's HTTP port for a predictor container (its ``InferenceServiceDefaultHttpPort``).
 CONTAINER_PORT = 8080
+#: The predictor's gRPC port with ``--protocol grpc`` (KServe routes a port named ``h2c``).
+GRPC_CONTAINER_PORT = 8081
 #: Where KServe's storage initializer puts the model (and where a baked model goes too).
 MODEL_MOUNT = "/mnt/models"
 READINESS_PATH = "/v2/health/ready"

@@ -14,6 +14,7 @@ from ferry.deploy._kserve_layout import (
     DEFAULT_REGISTRY,
     DOCKERFILE,
     DRAIN_TIMEOUT_S,
+    GRPC_CONTAINER_PORT,
     KSERVE_API_VERSION,
     LIVENESS_PATH,
     MANIFEST_FILE,
@@ -43,8 +44,13 @@ def inference_service(
     resources: dict[str, dict[str, str]],
     secret: tuple[str, str] | None,
     max_num_seqs: int | None = None,
+    protocol: str = "http",
 ) -> dict[str, Any]:
     """The InferenceService (serving.kserve.io/v1beta1) whose predictor container runs ``command``.
+
+    ``protocol`` grpc: KServe routes the predictor's gRPC port (named ``h2c``, as KServe asks)
+    instead of its HTTP one, and the probes ask gRPC's health service
+    (:mod:`ferry.serving._grpc_health`), since Knative probes only the routed port.
 
     ``max_num_seqs``: the predictor serves a generative model that decodes this many sequences
     at once: KServe scales on concurrent requests with that target (a pod's batch full: one
@@ -67,11 +73,11 @@ def inference_service(
         "command": command[:2],
         "args": command[2:],
         "env": env,
-        "ports": [{"name": "http1", "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
+        "ports": [_port(protocol)],
         # Ready once every model loaded and warmed up: that may take a while, and failing here
         # only holds traffic back.
         "readinessProbe": {
-            "httpGet": {"path": READINESS_PATH, "port": CONTAINER_PORT},
+            **_probe(protocol, READINESS_PATH, "ready"),
             "initialDelaySeconds": 5,
             "periodSeconds": 5,
             "timeoutSeconds": 3,
@@ -80,7 +86,7 @@ def inference_service(
         # Live as soon as the server listens (models load in the background): a restart only
         # after a minute and a half without an answer, never for a model still loading.
         "livenessProbe": {
-            "httpGet": {"path": LIVENESS_PATH, "port": CONTAINER_PORT},
+            **_probe(protocol, LIVENESS_PATH, "live"),
             "initialDelaySeconds": 30,
             "periodSeconds": 10,
             "timeoutSeconds": 5,
@@ -109,6 +115,19 @@ def inference_service(
     }
 
 
+def _port(protocol: str) -> dict[str, Any]:
+    if protocol == "grpc":
+        return {"name": "h2c", "containerPort": GRPC_CONTAINER_PORT, "protocol": "TCP"}
+    return {"name": "http1", "containerPort": CONTAINER_PORT, "protocol": "TCP"}
+
+
+def _probe(protocol: str, path: str, service: str) -> dict[str, Any]:
+    """An HTTP probe of ``path``, or with gRPC gRPC's health check of ``service``."""
+    if protocol == "grpc":
+        return {"grpc": {"port": GRPC_CONTAINER_PORT, "service": service}}
+    return {"httpGet": {"path": path, "port": CONTAINER_PORT}}
+
+
 def manifest_yaml(manifest: dict[str, Any]) -> str:
     """``inferenceservice.yaml``'s text: a comment saying how to apply it, then the manifest."""
     import yaml
@@ -130,6 +149,7 @@ def readme_text(
     storage_uri: str | None,
     wheel_name: str | None,
     secret: tuple[str, str] | None,
+    protocol: str = "http",
 ) -> str:
     """``README.txt``: the files, then the steps to build, push, upload, apply and query."""
     ns = f" -n {namespace}" if namespace else ""
@@ -209,6 +229,7 @@ def readme_text(
         f"     kubectl apply{ns} -f {MANIFEST_FILE}",
         f"     kubectl get inferenceservice {name}{ns}",
         "",
+        *(_grpc_lines(name, ns, model, secret) if protocol == "grpc" else []),
         "Query it (tritonclient, perf_analyzer and curl speak the same protocol):",
         f"  URL=$(kubectl get inferenceservice {name}{ns} -o jsonpath='{{.status.url}}')",
         f"  curl $URL{READINESS_PATH}",
@@ -234,6 +255,24 @@ def readme_text(
         "",
     ]
     return "\n".join(lines)
+
+
+def _grpc_lines(name: str, ns: str, model: str, secret: tuple[str, str] | None) -> list[str]:
+    """How to query Triton's gRPC service through KServe's ingress (--protocol grpc)."""
+    auth = ', headers={"authorization": "Bearer " + KEY}' if secret is not None else ""
+    return [
+        f"It speaks Triton's gRPC protocol: KServe routes the predictor's port {GRPC_CONTAINER_PORT}",
+        "(named h2c), and the probes ask gRPC's health service (grpc.health.v1: 'ready', 'live').",
+        "Its HTTP port stays inside the pod. Through the ingress gateway (INGRESS:PORT), with the",
+        "service's host name as the authority (tritonclient.grpc; perf_analyzer -i grpc alike):",
+        f"  HOST=$(kubectl get inferenceservice {name}{ns} -o jsonpath='{{.status.url}}' "
+        "| cut -d/ -f3)",
+        "  import tritonclient.grpc as g",
+        '  c = g.InferenceServerClient("INGRESS:PORT",',
+        '                              channel_args=[("grpc.default_authority", HOST)])',
+        f'  c.is_model_ready("{model}"{auth})',
+        "",
+    ]
 
 
 def _openai_lines(src: ModelSource, secret: tuple[str, str] | None) -> list[str]:

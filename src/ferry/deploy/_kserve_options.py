@@ -17,6 +17,7 @@ from ferry.deploy._kserve_layout import (
     CONTAINER_PORT,
     DEFAULT_SECRET_KEY,
     DRAIN_TIMEOUT_S,
+    GRPC_CONTAINER_PORT,
     ModelSource,
 )
 from ferry.errors import InvalidInputError
@@ -27,6 +28,7 @@ __all__ = [
     "check_image",
     "check_name",
     "check_namespace",
+    "check_protocol",
     "check_storage_uri",
     "container_resources",
     "default_memory",
@@ -273,11 +275,15 @@ def predictor_command(
     precision: str | None,
     optimize: str | None,
     generation: GenerationSettings | None = None,
+    protocol: str = "http",
 ) -> list[str]:
     """``ferry serve`` on the model in the container, on KServe's port, with these options
-    (the generation settings when it serves a generative model, each one said)."""
+    (the generation settings when it serves a generative model, each one said; with ``protocol``
+    grpc, Triton's gRPC service on :data:`GRPC_CONTAINER_PORT` too)."""
     command = ["ferry", "serve", src.container_path, "--host", "0.0.0.0"]
     command += ["--port", str(CONTAINER_PORT), "--drain-timeout", str(DRAIN_TIMEOUT_S)]
+    if protocol == "grpc":
+        command += ["--grpc-port", str(GRPC_CONTAINER_PORT)]
     if backends:
         command += ["--backends", ",".join(backends)]
     if precision is not None:
@@ -293,3 +299,28 @@ def predictor_command(
             command += ["--kv-cache-mib", f"{settings.kv_cache_mib:g}"]
         command += ["--max-queue", str(settings.max_queue)]
     return command
+
+
+#: What ``--protocol`` takes: the one port KServe routes to the predictor speaks it.
+PROTOCOLS = ("http", "grpc")
+
+
+def check_protocol(protocol: str, src: ModelSource) -> str:
+    """``protocol`` itself when KServe can route it to what ``src`` serves.
+
+    Raises:
+        InvalidInputError: not http or grpc, or grpc for a generative model (the OpenAI API is
+            HTTP, and KServe routes one port).
+    """
+    if protocol not in PROTOCOLS:
+        raise InvalidInputError(
+            f"--protocol {protocol!r}: choose http (KServe v2 over HTTP, and the OpenAI API) or "
+            "grpc (Triton's gRPC service)"
+        )
+    if protocol == "grpc" and src.generative:
+        raise InvalidInputError(
+            f"--protocol grpc: {', '.join(src.generative)} is generative, answered by the OpenAI "
+            "API over HTTP, and KServe routes one port to the predictor; deploy it with "
+            "--protocol http"
+        )
+    return protocol
