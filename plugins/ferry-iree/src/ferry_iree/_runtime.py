@@ -8,10 +8,11 @@ count on the process's local-task pool, sized by the first partition that makes 
 ``threads``, else every core this process may use); a later, different count is logged, not
 honoured.
 
-Contexts. A VM context holds a module's mutable state and IREE documents it as
-thread-compatible, not thread-safe (one caller at a time): each call borrows a context from a
-free list and one that finds none free makes another from the same loaded module (the module
-and device are shared; a context costs ~1 ms).
+Contexts. A VM context holds a module's mutable state, and IREE's ``runtime/src/iree/vm/
+context.h`` says of it "Thread-compatible and must be externally synchronized" (the Python
+``SystemContext`` is created without ``IREE_VM_CONTEXT_FLAG_CONCURRENT``): each call borrows a
+context from a free list, and one that finds none free makes another from the same loaded module
+(module and device are shared), so calls from several threads run at once without a lock.
 """
 
 from __future__ import annotations
