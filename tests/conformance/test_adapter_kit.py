@@ -37,7 +37,7 @@ def adapters(monkeypatch: pytest.MonkeyPatch) -> None:
     kit_adapters.register(monkeypatch)
 
 
-def test_a_conforming_adapter_passes_every_check(adapters, tmp_path: Path) -> None:
+def test_a_conforming_adapter_passes_every_check(adapters: None, tmp_path: Path) -> None:
     report = run_adapter_kit(get_backend(NumpyEngine.name), FAST, ops=OPS, workers=0)
     assert report.passed, report.summary()
     assert [c.check for c in report.checks] == FAST
@@ -53,7 +53,7 @@ def test_a_conforming_adapter_passes_every_check(adapters, tmp_path: Path) -> No
     assert again.to_dict() == report.to_dict()
 
 
-def test_a_wrong_op_is_a_claimed_failure_and_fails_the_cli(adapters, tmp_path: Path) -> None:
+def test_a_wrong_op_is_a_claimed_failure_and_fails_the_cli(adapters: None, tmp_path: Path) -> None:
     report = run_adapter_kit(get_backend(WrongRelu.name), ["node"], ops=OPS, workers=0)
     node = report.check("node")
     assert node is not None and node.status == "fail" and "Relu" in node.summary
@@ -68,7 +68,7 @@ def test_a_wrong_op_is_a_claimed_failure_and_fails_the_cli(adapters, tmp_path: P
     assert conformance.main(args) == 0
 
 
-def test_an_engine_error_escaping_on_a_bad_input_is_caught(adapters) -> None:
+def test_an_engine_error_escaping_on_a_bad_input_is_caught(adapters: None) -> None:
     result = check_bad_inputs(get_backend(Crashy.name))
     assert result.status == "fail"
     assert "the engine's own error escaped" in result.summary and "TypeError" in result.summary
@@ -79,13 +79,13 @@ def test_an_engine_error_escaping_on_a_bad_input_is_caught(adapters) -> None:
     assert check_bad_inputs(get_backend(NumpyEngine.name)).status == "pass"
 
 
-def test_a_thread_unsafe_adapter_is_caught(adapters) -> None:
+def test_a_thread_unsafe_adapter_is_caught(adapters: None) -> None:
     result = check_threads(get_backend(Unsafe.name))
     assert result.status == "fail" and "differ from the serial ones" in result.summary
     assert check_threads(get_backend(NumpyEngine.name)).status == "pass"
 
 
-def test_dynamic_sizes_claimed_or_refused_never_wrong(adapters) -> None:
+def test_dynamic_sizes_claimed_or_refused_never_wrong(adapters: None) -> None:
     lies = check_dynamic(get_backend(Lies.name))
     assert lies.status == "fail" and "a wrong answer" in lies.summary
     refuses = check_dynamic(get_backend(Refuses.name))
@@ -106,7 +106,7 @@ def test_the_kit_passes_for_onnxruntime_on_a_sample(tmp_path: Path) -> None:
 
 
 def test_cache_check_fails_an_adapter_that_claims_a_cache_but_stores_nothing(
-    adapters, monkeypatch: pytest.MonkeyPatch
+    adapters: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(kit_adapters.NumpyPartition, "serialize", lambda self: b"")
     result = check_cache(get_backend(NumpyEngine.name))
@@ -114,7 +114,7 @@ def test_cache_check_fails_an_adapter_that_claims_a_cache_but_stores_nothing(
 
 
 def test_kit_check_says_how_to_fetch_an_absent_kit(
-    adapters, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    adapters: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FERRY_KIT", str(tmp_path / "no-kit"))
     result = check_kit(get_backend(NumpyEngine.name))
@@ -130,3 +130,20 @@ def test_cli_names_what_to_install_for_a_missing_backend(
     assert len(errors) == 1 and "\n" not in errors[0]
     assert "unknown backend 'no-such-engine'" in errors[0] and "pip install" in errors[0]
     assert conformance.main(["--backend", "onnxruntime", "--checks", "nope"]) == 2
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_kit_check_judges_kit_models_at_the_task() -> None:
+    from ferry.conformance._check_kit import FETCH_COMMAND, kit_dir
+
+    if not (kit_dir() / "models" / ".done").is_file():
+        pytest.skip(f"the real-model kit is not fetched: {FETCH_COMMAND}")
+    tools = Path(__file__).resolve().parents[1] / "real" / "kit"
+    result = check_kit(get_backend("openvino"), models=["orientation", "mtcnn_torch"], tools=tools)
+    assert result.status == "pass", result.summary
+    orientation, mtcnn = result.rows
+    assert orientation["status"] == "pass" and orientation["placed"] == "115/115"
+    assert orientation["agreement"] == "top1 1.0000 (>= 1)"
+    assert orientation["inputs"] == "the kit's recipes"
+    assert mtcnn["status"] == "skip" and "--kit-file mtcnn_torch=" in mtcnn["note"]

@@ -18,6 +18,9 @@ from ferry.conformance._probe import compile_whole, differs, probe_feeds, probe_
 from ferry.conformance._runner import one_line
 
 if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+
     from ferry.backends import Backend
 
 __all__ = ["check_cache", "fresh_instance", "registered"]
@@ -91,7 +94,11 @@ def check_cache(backend: Backend) -> CheckResult:
 
 
 def _through_load(
-    name: str, model: object, feeds: dict[str, object], want: dict[str, object], details: list[str]
+    name: str,
+    model: onnx.ModelProto,
+    feeds: dict[str, np.ndarray],
+    want: dict[str, np.ndarray],
+    details: list[str],
 ) -> tuple[str, str]:
     """Load the probe model twice with one temporary engine cache; ``(status, summary)``."""
     from ferry.runtime import load
@@ -100,7 +107,7 @@ def _through_load(
         timed = []
         for _ in range(2):
             start = time.perf_counter()
-            session = load(model, backends=[name], cache_dir=tmp)  # type: ignore[arg-type]
+            session = load(model, backends=[name], cache_dir=tmp)
             seconds = time.perf_counter() - start
             origins = [
                 origin
@@ -108,10 +115,10 @@ def _through_load(
                 if part.backend == name
             ]
             try:
-                got = session.run(dict(feeds))  # type: ignore[arg-type]
+                got = session.run(dict(feeds))
             except Exception as e:
                 return "fail", f"a session loaded from the engine cache fails: {one_line(e)}"
-            timed.append((seconds, origins, differs(got, want)))  # type: ignore[arg-type]
+            timed.append((seconds, origins, differs(got, want)))
     (t1, first, wrong1), (t2, second, wrong2) = timed
     details.append(
         f"ferry.load twice with one engine cache: {', '.join(first) or 'no partition'} in "

@@ -81,11 +81,11 @@ def check_bad_inputs(backend: Backend) -> CheckResult:
     details: list[str] = []
     bad: list[str] = []
     for what, feeds in _refused_cases(x):
-        bad += _verdict(what, lambda f=feeds: session.run(f), None, details)
+        bad += _verdict(what, session.run, feeds, None, details)
     for what, feeds in _answered_cases(x, dynamic):
         rows = np.asarray(feeds[PROBE_INPUT])
         expected = reference(model, {PROBE_INPUT: np.ascontiguousarray(rows)})
-        bad += _verdict(what, lambda f=feeds: session.run(f), expected, details)
+        bad += _verdict(what, session.run, feeds, expected, details)
     try:
         wrong = differs(session.run(dict(good)), want)
     except Exception as e:
@@ -107,18 +107,19 @@ def check_bad_inputs(backend: Backend) -> CheckResult:
 
 def _verdict(
     what: str,
-    call: Callable[[], dict[str, np.ndarray]],
+    run: Callable[[dict[str, Any]], dict[str, np.ndarray]],
+    feeds: dict[str, Any],
     expected: dict[str, np.ndarray] | None,
     details: list[str],
 ) -> list[str]:
-    """Run ``call`` (a bad input); add its line to ``details``; return what is wrong, if anything.
+    """Run ``feeds`` (a bad input); add its line to ``details``; return what is wrong, if anything.
 
     ``expected`` None: it must be refused; else it may also be answered, rightly.
     """
     from ferry.errors import FerryError
 
     try:
-        got = call()
+        got = run(feeds)
     except FerryError as e:
         message = str(e)
         if "\n" in message.strip():
