@@ -1,6 +1,6 @@
 """Adapters made up for the conformance kit's own tests (imported by name: keep it unique).
 
-:class:`NumpyEngine` runs graphs of MatMul, Add and Relu in numpy: a conforming adapter with an
+:class:`NumpyEngine` runs graphs of MatMul, Add, Gemm and Relu in numpy: a conforming adapter with an
 engine cache (its blob is the model). Each other class gets one thing wrong, the way a vendor's
 adapter might: :class:`WrongRelu` returns Relu's input (a claimed op computed wrongly),
 :class:`Crashy` hands the input's buffer to its "device" as it is and breaks on an array that is
@@ -27,12 +27,18 @@ from ferry.errors import ExecutionError
 _KERNELS: dict[str, Callable[..., np.ndarray]] = {
     "MatMul": np.matmul,
     "Add": np.add,
+    "Gemm": lambda a, b, c: a @ b + c,
     "Relu": lambda x: np.maximum(x, np.zeros((), x.dtype)),
 }
 
 
+def _plain(node: Any) -> bool | str:
+    # The Gemm kernel knows no attribute (transA, alpha...): a node with one is not for it.
+    return True if not node.attributes else f"{node.op_type} with attributes"
+
+
 class NumpyPartition:
-    """A model of MatMul, Add and Relu nodes, evaluated in numpy in graph order."""
+    """A model of MatMul, Add, Gemm and Relu nodes, evaluated in numpy in graph order."""
 
     def __init__(self, blob: bytes, kernels: dict[str, Callable[..., np.ndarray]]) -> None:
         self.blob = blob
@@ -59,7 +65,7 @@ class NumpyPartition:
 
 
 class NumpyEngine(BackendBase):
-    """Claims MatMul, Add and Relu (float32) and computes them right."""
+    """Claims MatMul, Add, Gemm and Relu (float32, no attributes) and computes them right."""
 
     name = "kit-numpy"
     device = "cpu"
@@ -74,7 +80,7 @@ class NumpyEngine(BackendBase):
         return True
 
     def rules(self) -> list[OpRule]:
-        return [OpRule(op, dtypes=frozenset({"float32"})) for op in self.kernels]
+        return [OpRule(op, dtypes=frozenset({"float32"}), check=_plain) for op in self.kernels]
 
     def compile(self, spec: CompileSpec) -> NumpyPartition:
         import onnx_ir as ir

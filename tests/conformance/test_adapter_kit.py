@@ -96,6 +96,13 @@ def test_dynamic_sizes_claimed_or_refused_never_wrong(adapters: None) -> None:
     )
 
 
+def test_an_entry_point_plugin_runs_the_kit(acme_npu: str) -> None:
+    # The example vendor adapter, found through the 'ferry.backends' entry point as a plugin is.
+    report = run_adapter_kit(get_backend(acme_npu), ["cache", "dynamic", "bad-inputs", "threads"])
+    assert report.passed, report.summary()
+    assert all(c.status == "pass" for c in report.checks), report.summary()
+
+
 def test_the_kit_passes_for_onnxruntime_on_a_sample(tmp_path: Path) -> None:
     ops = [("", "Relu"), ("", "Conv"), ("", "Softmax")]
     report = run_adapter_kit(get_backend("onnxruntime"), FAST, per_op=1, ops=ops, workers=0)

@@ -29,6 +29,8 @@ logger = logging.getLogger(__name__)
 
 #: The checks that run the adapter through ``ferry.load`` (by its registered name).
 _SESSION_CHECKS = frozenset({"bad-inputs", "kit"})
+#: The checks that run the probe model (``_probe``) on the adapter.
+_PROBE_CHECKS = frozenset({"cache", "dynamic", "bad-inputs", "threads"})
 
 
 def run_adapter_kit(
@@ -60,6 +62,7 @@ def run_adapter_kit(
     """
     from ferry._version import __version__
     from ferry.conformance._check_cache import registered
+    from ferry.conformance._probe import probe_refusal
     from ferry.errors import InvalidInputError
 
     wanted = list(dict.fromkeys(checks))
@@ -81,10 +84,13 @@ def run_adapter_kit(
         else f"at most {per_op} node case{'s' if per_op != 1 else ''} per op",
     )
     reachable = registered(backend)
+    refusal = probe_refusal(backend) if _PROBE_CHECKS & set(wanted) else None
     runners = _runners(report, per_op, ops, workers, timeout, kit_models, kit_tools, kit_files)
     for name in [c for c in CHECKS if c in wanted]:
         start = time.perf_counter()
-        if name in _SESSION_CHECKS and not reachable:
+        if name in _PROBE_CHECKS and refusal is not None:
+            result = CheckResult(name, "skip", refusal)
+        elif name in _SESSION_CHECKS and not reachable:
             result = CheckResult(
                 name,
                 "skip",

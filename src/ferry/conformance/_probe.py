@@ -1,9 +1,10 @@
 """The small model the adapter checks run, built in code, and what they share: compiling it whole
 on a backend, its reference answers (ONNX Runtime through ferry), and comparing answers.
 
-The model is ``x[batch, 8] -> MatMul -> Add -> Relu -> MatMul -> Add -> y[batch, 4]``: ops every
-engine in ferry takes, a symbolic batch (the dynamic-sizes check), weights (the engine cache
-hashes them) and a Relu whose wrong answer shows in the output.
+The model is ``x[batch, 8] -> Gemm -> Relu -> Gemm -> y[batch, 4]``: ops every engine in ferry
+takes (the example NPU adapter too), a symbolic batch (the dynamic-sizes check), weights (the
+engine cache hashes them) and a Relu whose wrong answer shows in the output. A backend whose
+rules take neither op is not asked to run it (:func:`probe_refusal`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = [
     "differs",
     "probe_feeds",
     "probe_model",
+    "probe_refusal",
     "reference",
 ]
 
@@ -46,11 +48,9 @@ def probe_model(batch: int | str = "batch") -> onnx.ModelProto:
     w2 = rng.standard_normal((_HIDDEN, _CLASSES)).astype(np.float32)
     b2 = rng.standard_normal(_CLASSES).astype(np.float32)
     nodes = [
-        helper.make_node("MatMul", [PROBE_INPUT, "w1"], ["m1"], name="matmul1"),
-        helper.make_node("Add", ["m1", "b1"], ["a1"], name="add1"),
-        helper.make_node("Relu", ["a1"], ["r1"], name="relu1"),
-        helper.make_node("MatMul", ["r1", "w2"], ["m2"], name="matmul2"),
-        helper.make_node("Add", ["m2", "b2"], [PROBE_OUTPUT], name="add2"),
+        helper.make_node("Gemm", [PROBE_INPUT, "w1", "b1"], ["g1"], name="gemm1"),
+        helper.make_node("Relu", ["g1"], ["r1"], name="relu1"),
+        helper.make_node("Gemm", ["r1", "w2", "b2"], [PROBE_OUTPUT], name="gemm2"),
     ]
     inits = [
         numpy_helper.from_array(a, n) for n, a in (("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2))
@@ -65,6 +65,26 @@ def probe_model(batch: int | str = "batch") -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
+
+
+def probe_refusal(backend: Backend) -> str | None:
+    """Why ``backend``'s rules do not take the probe model (its first node refused), or None when
+    they take every node (or it publishes no rules: then the engine is asked directly)."""
+    from ferry.backends import rule_table
+    from ferry.graph import prepare
+
+    table = rule_table(backend)
+    if table is None:
+        return None
+    model = prepare(ir.from_proto(probe_model()))
+    for node in model.graph:
+        verdict = table.supports(node, model.opset_imports)
+        if verdict is not True:
+            return (
+                f"its rules do not take the probe model's {node.op_type} ({verdict}): "
+                "nothing of it to check"
+            )
+    return None
 
 
 def probe_feeds(batch: int, seed: int = 0) -> dict[str, np.ndarray]:
