@@ -128,6 +128,43 @@ def test_kit_check_says_how_to_fetch_an_absent_kit(
     assert result.status == "skip" and "bash scripts/fetch-kit.sh" in result.summary
 
 
+def _tiny_kit(root: Path) -> Path:
+    """A kit folder in the kit's layout: the probe model as kit model 'probe' (judged by cosine),
+    and an entry in another format; kit.json but no inputs.py."""
+    import onnx
+
+    from ferry.conformance._probe import probe_model
+
+    (root / "models" / "probe").mkdir(parents=True)
+    (root / "models" / ".done").touch()
+    onnx.save(probe_model(), root / "models" / "probe" / "probe.onnx")
+    entries = [
+        {"id": "probe", "file": "probe/probe.onnx", "format": "onnx",
+         "judge": {"kind": "cosine", "min": 0.9999}},
+        {"id": "nets", "file": "nets", "format": "torch-state-dict",
+         "judge": {"kind": "cosine", "min": 0.999}},
+    ]  # fmt: skip
+    (root / "kit.json").write_text(json.dumps({"models": entries}))
+    return root
+
+
+def test_kit_check_judges_at_the_task_and_names_what_it_could_not_run(
+    adapters: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kit = _tiny_kit(tmp_path / "kit")
+    monkeypatch.setenv("FERRY_KIT", str(kit))
+    good = check_kit(get_backend(NumpyEngine.name), models=["probe", "nets", "absent"])
+    assert good.status == "pass", good.summary
+    probe, nets, absent = good.rows
+    assert probe["status"] == "pass" and probe["placed"] == "3/3"
+    assert probe["agreement"] == "cosine 1.0000 (>= 0.9999)"
+    assert probe["inputs"] == "found by ferry (no inputs.py beside kit.json)"
+    assert nets["status"] == "skip" and "--kit-file nets=FILE.onnx" in nets["note"]
+    assert absent["status"] == "skip" and absent["note"] == "not in the kit's manifest"
+    wrong = check_kit(get_backend(WrongRelu.name), models=["probe"])
+    assert wrong.status == "fail" and wrong.summary.startswith("1 of 1 kit models fail: probe")
+
+
 def test_cli_names_what_to_install_for_a_missing_backend(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
