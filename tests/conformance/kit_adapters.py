@@ -6,13 +6,15 @@ adapter might: :class:`WrongRelu` returns Relu's input (a claimed op computed wr
 :class:`Crashy` hands the input's buffer to its "device" as it is and breaks on an array that is
 not C-contiguous (its own exception escapes), :class:`Unsafe` computes every call into one shared
 output buffer (not thread safe), :class:`Refuses` claims no dynamic shapes and answers one batch
-size only, and :class:`Lies` claims dynamic shapes but answers every size with batch 1's rows.
+size only, :class:`Lies` claims dynamic shapes but answers every size with batch 1's rows, and
+:class:`Aborts` kills its process on a batch of 7 (as a native engine's segfault would).
 
 Register them with :func:`register` (a pytest ``monkeypatch``): they live in this process only.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
@@ -180,7 +182,23 @@ class Lies(NumpyEngine):
     partition: ClassVar[type[NumpyPartition]] = _FirstRows
 
 
-ADAPTERS = (NumpyEngine, WrongRelu, Crashy, Unsafe, Refuses, Lies)
+class _AbortsAtSeven(NumpyPartition):
+    def run(
+        self, inputs: dict[str, np.ndarray], outputs: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        if next(iter(inputs.values())).shape[0] == 7:
+            os.abort()  # what a native engine's segfault does to the process
+        return super().run(inputs, outputs)
+
+
+class Aborts(NumpyEngine):
+    """Kills its process on a batch of 7 rows."""
+
+    name = "kit-aborts"
+    partition: ClassVar[type[NumpyPartition]] = _AbortsAtSeven
+
+
+ADAPTERS = (NumpyEngine, WrongRelu, Crashy, Unsafe, Refuses, Lies, Aborts)
 
 
 def register(monkeypatch: Any, *classes: type[NumpyEngine]) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import kit_adapters
 import pytest
-from kit_adapters import Crashy, Lies, NumpyEngine, Refuses, Unsafe, WrongRelu
+from kit_adapters import Aborts, Crashy, Lies, NumpyEngine, Refuses, Unsafe, WrongRelu
 
 from ferry import conformance
 from ferry.backends import get_backend
@@ -101,6 +101,15 @@ def test_an_entry_point_plugin_runs_the_kit(acme_npu: str) -> None:
     report = run_adapter_kit(get_backend(acme_npu), ["cache", "dynamic", "bad-inputs", "threads"])
     assert report.passed, report.summary()
     assert all(c.status == "pass" for c in report.checks), report.summary()
+
+
+def test_an_adapter_that_crashes_its_process_fails_that_check_only() -> None:
+    # Not registered (module:Class, as the command line takes one): workers find it pickled.
+    report = run_adapter_kit(Aborts(), ["dynamic", "threads"], workers=1)
+    dynamic, threads = report.checks
+    assert dynamic.status == "fail", dynamic.summary
+    assert dynamic.summary.startswith("the adapter crashed the process (exit code")
+    assert threads.status == "pass", threads.summary
 
 
 def test_the_kit_passes_for_onnxruntime_on_a_sample(tmp_path: Path) -> None:

@@ -107,8 +107,8 @@ def check_kit(
         )
     skipped = len(rows) - len(judged)
     summary = (
-        f"{len(judged)} kit models judged at the task against ONNX Runtime alone, all pass"
-        + (f"; {skipped} not run (see the table)" if skipped else "")
+        f"{len(judged)} kit model{'s' if len(judged) != 1 else ''} judged at the task against "
+        "ONNX Runtime alone, all pass" + (f"; {skipped} not run (see the table)" if skipped else "")
     )
     return CheckResult("kit", "pass", summary, details=details, rows=rows)
 

@@ -43,7 +43,16 @@ from ferry.errors import FerryError
 if TYPE_CHECKING:
     from ferry.backends import Backend, RuleTable
 
-__all__ = ["DEFAULT_TIMEOUT", "one_line", "rule_table", "run_case", "run_conformance"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "backend_handle",
+    "engine_version",
+    "one_line",
+    "rule_table",
+    "run_case",
+    "run_conformance",
+    "worker_setup",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -368,8 +377,8 @@ def run_conformance(
     )
     pool = WorkerPool(
         _run_task,
-        _worker_setup,
-        (backend if workers <= 0 else _backend_handle(backend), opts),
+        worker_setup,
+        (backend if workers <= 0 else backend_handle(backend), opts),
         size=max(workers, 0),
         timeout=timeout,
         label=f"conformance worker for {backend.name}",
@@ -392,7 +401,7 @@ def run_conformance(
     return ConformanceReport(
         backend=backend.name,
         device=backend.device,
-        engine_version=_engine_version(backend),
+        engine_version=engine_version(backend),
         onnx_version=onnx.__version__,
         ferry_version=__version__,
         date=date,
@@ -405,7 +414,8 @@ def run_conformance(
     )
 
 
-def _engine_version(backend: Backend) -> str:
+def engine_version(backend: Backend) -> str:
+    """``backend.version``, or ``unknown (why)`` when looking it up fails."""
     try:
         return str(backend.version)
     except Exception as e:  # a report without a version beats no report
@@ -427,7 +437,7 @@ def _lost(case: ConformanceCase, lost: Lost, timeout: float) -> CaseResult:
 # In a worker
 
 
-def _backend_handle(backend: Backend) -> Backend | str:
+def backend_handle(backend: Backend) -> Backend | str:
     """The backend itself when it pickles, else its registry name (a worker looks it up)."""
     try:
         pickle.dumps(backend)
@@ -436,7 +446,7 @@ def _backend_handle(backend: Backend) -> Backend | str:
     return backend
 
 
-def _worker_setup(arg: tuple[Backend | str, dict[str, Any]]) -> tuple[Backend, dict[str, Any]]:
+def worker_setup(arg: tuple[Backend | str, dict[str, Any]]) -> tuple[Backend, dict[str, Any]]:
     """A worker's state: the backend (looked up by name when it came as one) and the options."""
     handle, options = arg
     if isinstance(handle, str):
