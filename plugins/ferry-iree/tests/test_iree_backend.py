@@ -132,6 +132,30 @@ def test_several_outputs_of_several_dtypes_are_named() -> None:
 
 
 @pytest.mark.slow
+def test_scalar_inputs_and_uint8_outputs() -> None:
+    """Scalars stay 0-d on the way in (IREE checks ranks); uint8, which IREE's signless integers
+    return as int8, comes back as the model declares it."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [5])
+    lo = helper.make_tensor_value_info("lo", TensorProto.FLOAT, [])
+    hi = helper.make_tensor_value_info("hi", TensorProto.FLOAT, [])
+    q = helper.make_tensor_value_info("q", TensorProto.UINT8, [5])
+    nodes = [
+        helper.make_node("Clip", ["x", "lo", "hi"], ["c"], name="clip"),
+        helper.make_node("Cast", ["c"], ["q"], to=TensorProto.UINT8, name="cast"),
+    ]
+    graph = helper.make_graph(nodes, "scalars", [x, lo, hi], [q])
+    model = ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    feeds = {
+        "x": np.array([0, 3, 130, 200, 255], np.float32),
+        "lo": np.array(2, np.float32),
+        "hi": np.array(250, np.float32),
+    }
+    got = ferry.load(model, backends=["iree"], cache_dir=False).run(feeds)["q"]
+    assert got.dtype == np.uint8
+    np.testing.assert_array_equal(got, _reference(model, feeds)["q"])
+
+
+@pytest.mark.slow
 def test_a_second_load_compiles_nothing(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     from ferry_iree import _backend
 

@@ -20,6 +20,8 @@ import importlib.util
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
+import numpy as np
+import onnx
 import onnx_ir as ir
 
 from ferry.backends import (
@@ -161,11 +163,12 @@ class IreeBackend(BackendBase):
         weights = {t.name for t in proto.graph.initializer}
         inputs = tuple(v.name for v in proto.graph.input if v.name not in weights)
         outputs = tuple(v.name for v in proto.graph.output)
+        dtypes = tuple(_dtype_str(v.type.tensor_type.elem_type) for v in proto.graph.output)
         try:
             vmfb = compile_mlir(import_onnx(proto), target_cpu)
         except UnsupportedOpError as e:
             raise _with_nodes(e, spec.model) from e
-        return IreePartition(Engine(vmfb, ENTRY, inputs, outputs), threads=threads)
+        return IreePartition(Engine(vmfb, ENTRY, inputs, outputs, dtypes), threads=threads)
 
     def load(self, blob: bytes, spec: CompileSpec) -> IreePartition:
         threads, _ = _context_options(spec.options)
@@ -192,6 +195,14 @@ def _context_options(options: Mapping[str, object]) -> tuple[int | None, str]:
             f"iree: target_cpu must be a CPU name (host, generic, znver4...), got {target_cpu!r}"
         )
     return threads, target_cpu
+
+
+def _dtype_str(elem_type: int) -> str:
+    """The numpy dtype of an ONNX element type, as ``np.dtype.str``; empty when none is known."""
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).str if elem_type else ""
+    except (KeyError, TypeError, ValueError):  # bfloat16, float8: no numpy dtype of its own
+        return ""
 
 
 def _with_nodes(error: UnsupportedOpError, model: ir.Model) -> UnsupportedOpError:

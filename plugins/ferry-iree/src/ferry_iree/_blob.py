@@ -2,10 +2,11 @@
 
 Layout::
 
-    b"FERRY-IREE-1\\n" | u32 header length | header (JSON: entry, inputs, outputs) | vmfb
+    b"FERRY-IREE-2\\n" | u32 header length | header (JSON: entry, inputs, outputs, dtypes) | vmfb
 
-The header says what the vmfb alone does not: the entry function's name and which partition
-value each positional argument and result is.
+The header says what the vmfb alone does not: the entry function's name, which partition value
+each positional argument and result is, and each result's ONNX element type (IREE's signless
+integers come back as int8 where the model says uint8).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import struct
 
 __all__ = ["MAGIC", "Engine", "pack", "unpack"]
 
-MAGIC = b"FERRY-IREE-1\n"
+MAGIC = b"FERRY-IREE-2\n"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,12 +28,19 @@ class Engine:
     entry: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    #: Each output's numpy dtype (``np.dtype.str``, ``"|u1"``); empty where the model says none.
+    dtypes: tuple[str, ...] = ()
 
 
 def pack(engine: Engine) -> bytes:
     """``engine`` as bytes for the engine cache."""
     header = json.dumps(
-        {"entry": engine.entry, "inputs": engine.inputs, "outputs": engine.outputs}
+        {
+            "entry": engine.entry,
+            "inputs": engine.inputs,
+            "outputs": engine.outputs,
+            "dtypes": engine.dtypes,
+        }
     ).encode()
     return MAGIC + struct.pack("<I", len(header)) + header + engine.vmfb
 
@@ -53,4 +61,5 @@ def unpack(blob: bytes) -> Engine:
         str(header["entry"]),
         tuple(header["inputs"]),
         tuple(header["outputs"]),
+        tuple(header.get("dtypes", ())),
     )

@@ -25,6 +25,9 @@ class IreePartition:
         self.engine = engine
         self.input_names = list(engine.inputs)
         self.output_names = list(engine.outputs)
+        self._dtypes = [np.dtype(d) if d else None for d in engine.dtypes] or [None] * len(
+            self.output_names
+        )
         self._pool = ContextPool(engine.vmfb, engine.entry, threads)
 
     def run(
@@ -50,21 +53,32 @@ class IreePartition:
                 f"iree: unknown output(s) {', '.join(map(repr, unknown))}; the partition gives "
                 f"{', '.join(self.output_names)}"
             )
-        args = [np.ascontiguousarray(inputs[name]) for name in self.input_names]
+        # Not np.ascontiguousarray: it makes a scalar (0-d) input 1-d, which IREE refuses.
+        args = [np.require(inputs[name], requirements="C") for name in self.input_names]
         try:
             with self._pool.function() as function:
                 results = function(*args)
                 if not isinstance(results, (tuple, list)):
                     results = (results,)
                 arrays = [np.asarray(r.to_host() if hasattr(r, "to_host") else r) for r in results]
-        except (ValueError, RuntimeError, TypeError) as e:  # IREE's own errors on a bad call
+        except (ValueError, RuntimeError, TypeError, IndexError) as e:  # IREE's, on a bad call
             first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
             shapes = ", ".join(
                 f"{n} {a.dtype}{list(a.shape)}" for n, a in zip(self.input_names, args)
             )
             raise ExecutionError(f"iree: the module refused inputs ({shapes}): {first}") from e
-        named = dict(zip(self.output_names, arrays))
+        named = dict(zip(self.output_names, map(self._as_declared, arrays, self._dtypes)))
         return {name: named[name] for name in wanted}
+
+    @staticmethod
+    def _as_declared(array: np.ndarray, dtype: np.dtype | None) -> np.ndarray:
+        """``array`` in the dtype the model declares: IREE's signless integers come back
+        signed (uint8 as int8), read again as the same bits; anything else converted."""
+        if dtype is None or array.dtype == dtype:
+            return array
+        if array.dtype.kind in "iu" and dtype.kind in "iu" and array.itemsize == dtype.itemsize:
+            return array.view(dtype)
+        return array.astype(dtype)
 
     def serialize(self) -> bytes:
         """The vmfb with the header that names its inputs and outputs."""

@@ -13,13 +13,13 @@ from collections.abc import Sequence
 
 from ferry.backends import OpRule
 
-__all__ = ["EXCHANGEABLE", "OPS", "REFUSED", "rules"]
+__all__ = ["CONST_INPUTS", "EXCHANGEABLE", "OPS", "REFUSED", "rules"]
 
 #: Element types a partition's tensors may have: those IREE's Python API exchanges with numpy
-#: and its llvm-cpu target computes (booleans travel as i8; no strings).
-EXCHANGEABLE = frozenset(
-    {"float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool"}
-)
+#: and its llvm-cpu target computes (booleans travel as i8; no strings). Not float64: IREE
+#: demotes it to float32 at import (``--iree-input-demote-f64-to-f32``), so a float64 input
+#: does not fit the compiled signature (measured: ONNX's Mod and Einsum float64 cases).
+EXCHANGEABLE = frozenset({"float32", "float16", "int8", "uint8", "int16", "int32", "int64", "bool"})
 
 #: ONNX ops (default domain) with a conversion in IREE's importer, from opset 1.
 _OPS_TEXT = (
@@ -30,7 +30,7 @@ _OPS_TEXT = (
     "GatherElements GatherND Gelu Gemm GlobalAveragePool GlobalMaxPool Greater GreaterOrEqual "
     "GridSample GroupNormalization HardSigmoid HardSwish Hardmax Identity "
     "InstanceNormalization IsInf IsNaN LRN LayerNormalization LeakyRelu Less LessOrEqual Log "
-    "LogSoftmax LpNormalization MatMul MatMulInteger Max MaxPool Mean "
+    "LogSoftmax MatMul MatMulInteger Max MaxPool Mean "
     "MeanVarianceNormalization Min Mish Mod Mul Neg Not OneHot Or PRelu Pad Pow QLinearConv "
     "QLinearMatMul QuantizeLinear Range Reciprocal ReduceL1 ReduceL2 ReduceLogSum "
     "ReduceLogSumExp ReduceMax ReduceMean ReduceMin ReduceProd ReduceSum ReduceSumSquare Relu "
@@ -44,6 +44,7 @@ OPS = tuple(_OPS_TEXT.split())
 #: compiled alone they crash iree-compile or are refused in the forms models use.
 REFUSED = {
     "Unique": "iree-compile crashes (signal 11) on it",
+    "LpNormalization": "a zero vector normalizes to NaN where ONNX gives 0 (ONNX's node case)",
     "NonMaxSuppression": "iree-compile crashes (signal 11) on it",
     "STFT": "IREE cannot lower ONNX STFT",
     "Loop": "control flow with sequence state; left to the other engines",
@@ -52,6 +53,31 @@ REFUSED = {
 }
 
 
+#: Inputs that must be constants, per op: IREE's conversions read them while compiling
+#: (measured on ONNX's node cases: a Reduce's axes, a Slice's starts/ends/axes/steps as graph
+#: inputs fail to legalize; a Pad whose pads are computed, in the kit's open_nsfw, too).
+CONST_INPUTS: dict[str, tuple[int, ...]] = {
+    **{
+        op: (1,)
+        for op in [
+            "ReduceL1",
+            "ReduceL2",
+            "ReduceLogSum",
+            "ReduceLogSumExp",
+            "ReduceMax",
+            "ReduceMean",
+            "ReduceMin",
+            "ReduceProd",
+            "ReduceSum",
+            "ReduceSumSquare",
+            "Pad",
+        ]
+    },
+    "Slice": (1, 2, 3, 4),
+}
+
+
 def rules() -> Sequence[OpRule]:
-    """One rule per op in :data:`OPS`, each input's type one IREE exchanges and computes."""
-    return [OpRule(op, dtypes=EXCHANGEABLE) for op in OPS]
+    """One rule per op in :data:`OPS`, each input's type one IREE exchanges and computes, the
+    inputs of :data:`CONST_INPUTS` constants."""
+    return [OpRule(op, dtypes=EXCHANGEABLE, const_inputs=CONST_INPUTS.get(op, ())) for op in OPS]
