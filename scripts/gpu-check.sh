@@ -60,22 +60,28 @@ fi
 pip() { "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@"; }
 stamp="$venv/.ferry-gpu-installed"
 want="$(cat pyproject.toml scripts/gpu-check.sh | sha256sum | cut -d' ' -f1)"
+install_all() {
+  pip --upgrade pip &&
+    # torch's CPU build (~200 MB, not the multi-GB CUDA one): the zoo models the GPU tests build.
+    pip "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu &&
+    pip -e ".[dev,zoo,tensorrt]" &&
+    # One onnxruntime module: the GPU build replaces the CPU one (both install `onnxruntime`).
+    "$venv/bin/python" -m pip uninstall --quiet -y onnxruntime &&
+    pip "onnxruntime-gpu[cuda,cudnn]>=1.20"
+}
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   t0=$SECONDS
   echo "==> installing ferry[tensorrt], onnxruntime-gpu and torch (CPU) into $venv"
-  pip --upgrade pip
-  # torch's CPU build (~200 MB, not the multi-GB CUDA one): the zoo models the GPU tests build.
-  pip "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
-  pip -e ".[dev,zoo,tensorrt]"
-  # One onnxruntime module: the GPU build replaces the CPU one (they install the same package).
-  "$venv/bin/python" -m pip uninstall --quiet -y onnxruntime
-  pip "onnxruntime-gpu[cuda,cudnn]>=1.20"
+  if ! install_all; then
+    echo "gpu-check: installing into $venv failed (see above); nothing was checked." >&2
+    exit 1
+  fi
   echo "$want" >"$stamp"
   note "installed into .venv-gpu in $((SECONDS - t0)) s"
 fi
 export PATH="$venv/bin:$PATH"
 py="$venv/bin/python"
-"$py" - <<'EOF' | sed 's/^/gpu-check: /'
+"$py" - <<'EOF' | sed 's/^/gpu-check: /' || summary+=("FAIL  importing onnxruntime-gpu and tensorrt (see above)")
 import onnxruntime as ort
 import tensorrt
 print(f"onnxruntime {ort.__version__}: {', '.join(ort.get_available_providers())}")
