@@ -54,13 +54,10 @@ class TrialMemo:
 
     @property
     def path(self) -> Path:
-        env = os.environ.get("FERRY_CACHE_DIR")
-        if env:
-            base = Path(env).expanduser()
-        else:
-            xdg = os.environ.get("XDG_CACHE_HOME")
-            base = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "ferry"
-        return base / "iree-trials" / f"{self._version}.json"
+        """The answers' file, beside ferry's engine cache (read each time: tests move it)."""
+        from ferry.runtime import default_cache_dir
+
+        return default_cache_dir() / "iree-trials" / f"{self._version}.json"
 
     def get(self, key: str) -> str | None:
         """The answer stored for ``key``: ``""`` (taken), a reason, or None (never tried)."""
