@@ -89,12 +89,12 @@ def health_handler(state: ServingState, grpc: Any) -> Any:
                 grpc.StatusCode.INVALID_ARGUMENT, f"not a grpc.health.v1.HealthCheckRequest ({e})"
             )
         status = health_status(state, service)
-        if status is None:
+        if status is None:  # context.abort raises
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,
                 f"no model {service!r}: ask for '' (the server ready), 'live', or a model's name",
             )
-        return bytes((0x08, status))  # field 1, varint: the status
+        return bytes((0x08, status or NOT_SERVING))  # field 1, varint: the status
 
     method = grpc.unary_unary_rpc_method_handler(
         check, request_deserializer=None, response_serializer=None
