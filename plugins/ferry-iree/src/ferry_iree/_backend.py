@@ -132,6 +132,13 @@ class IreeBackend(BackendBase):
         """The op table as a prefilter, then each distinct node compiled alone by IREE."""
         return trial_capability(self, model, nodes)
 
+    def validate(self, model: ir.Model, nodes: Sequence[str]) -> dict[str, str]:
+        """The nodes IREE refuses when each is compiled alone (the trials ``capability`` runs),
+        with IREE's reason: where ferry asks by rules (conformance, ``validate=True``), the
+        engine vetoes what the table over-claims."""
+        verdicts = trial_capability(self, model, nodes)
+        return {name: str(why) for name, why in verdicts.items() if why is not True}
+
     def trial(self, model: ir.Model) -> None:
         """Import a one-node ``model`` and compile it as far as IREE's flow phase.
 
