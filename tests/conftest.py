@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import os
 import re
 import signal
 import sys
@@ -90,24 +89,8 @@ def acme_npu(
         del sys.modules[module]
 
 
-# In CI (FERRY_CI=1) a skipped test is a failure: CI installs every engine and framework but
-# TensorRT's GPU, so a skip there means something CI should run silently did not.
-_MAY_SKIP_IN_CI = ("TensorRT", "tensorrt", "NVIDIA GPU", "CUDA")
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    outcome = yield
-    report = outcome.get_result()  # type: ignore[attr-defined]
-    if os.environ.get("FERRY_CI") != "1" or not report.skipped:
-        return
-    reason = (
-        str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
-    )
-    if item.get_closest_marker("gpu") is not None or any(w in reason for w in _MAY_SKIP_IN_CI):
-        return
-    report.outcome = "failed"
-    report.longrepr = f"skipped in CI, which installs what this test needs: {reason}"
+# In CI (FERRY_CI=1) a skipped test is a failure: tests/ci_skips.py.
+from ci_skips import pytest_runtest_makereport  # noqa: E402, F401
 
 
 def pytest_configure(config: pytest.Config) -> None:
