@@ -6,6 +6,9 @@
 #   bash scripts/test.sh --quick [PYTEST ARGS]   daily work: installs nothing beyond .venv, skips
 #                                                the slow and real tiers; what is missing skips,
 #                                                saying what installs it
+#
+# The whole suite is ferry's (tests/, in .venv) and then the IREE plugin's (plugins/ferry-iree/
+# tests, in .venv-iree: scripts/setup-iree.sh). Given PYTEST ARGS, only ferry's tests run, as asked.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
@@ -13,6 +16,7 @@ if [ "${1:-}" = "--quick" ]; then
   quick=1
   shift
 fi
+asked=$#  # pytest arguments given: then only ferry's tests run, as asked
 source scripts/setup.sh
 # A step that fails stops the run, naming itself: a suite that silently lost a tier would pass.
 need() {
@@ -42,9 +46,10 @@ if [ "$quick" = "0" ]; then
     echo "$heavy_want" > "$heavy_stamp"
   fi
   # The IREE plugin (plugins/ferry-iree, its own distribution: ~600 MB of IREE compiler and
-  # runtime wheels, pinned there to 3.13.0): its tests run with the suite's.
-  echo "==> the IREE plugin into .venv"
-  need "the IREE plugin" pip_install -e ./plugins/ferry-iree
+  # runtime wheels, pinned there to 3.13.0) in .venv-iree, which sees .venv's packages: in .venv
+  # it would be an engine every `auto` of ferry's own suite measures. Its tests run after ferry's.
+  echo "==> the IREE plugin into .venv-iree"
+  need "the IREE plugin" bash scripts/setup-iree.sh "$PWD/.venv-iree"
   need "the Paddle environment" bash scripts/setup-paddle.sh "$PWD/.venv-paddle"
   export FERRY_PADDLE_PYTHON="$PWD/.venv-paddle/bin/python"
   # The KServe Python SDK (kserve 0.21, in .venv-kserve: it pins protobuf<7 and pandas<3) checks
@@ -71,9 +76,29 @@ else
   set -- -m "not slow and not real" "$@"
 fi
 echo "==> ruff"
-ruff check src tests benchmarks examples
-ruff format --check src tests benchmarks examples
+ruff check src tests benchmarks examples plugins
+ruff format --check src tests benchmarks examples plugins
 echo "==> mypy"
 mypy
 echo "==> pytest"
-python -m pytest "$@"
+if [ "$asked" -gt 0 ]; then
+  python -m pytest "$@"  # the tests asked for, in ferry's environment
+  exit
+fi
+# ferry's suite, then the IREE plugin's in its environment (both run; either failing fails the
+# run). --quick runs the plugin's quick tests where .venv-iree exists.
+plugin_args=()
+[ "$quick" = "1" ] && plugin_args=(-m "not slow and not real")
+code=0
+python -m pytest "$@" || code=$?
+plugin=0
+if [ "$quick" = "0" ] || [ -x "$PWD/.venv-iree/bin/python" ]; then
+  echo "==> pytest: the IREE plugin (plugins/ferry-iree/tests, in .venv-iree)"
+  "$PWD/.venv-iree/bin/python" -m pytest plugins/ferry-iree/tests "${plugin_args[@]}" || plugin=$?
+else
+  echo "==> the IREE plugin's tests: not run (bash scripts/setup-iree.sh sets up .venv-iree)"
+fi
+if [ "$code" -eq 0 ]; then
+  code=$plugin
+fi
+exit "$code"
