@@ -32,7 +32,8 @@ __all__ = ["CHECK_TIMEOUT", "run_adapter_kit"]
 logger = logging.getLogger(__name__)
 
 #: Seconds a check other than the node cases may take in its worker before it is killed (the kit
-#: check compiles four CNNs: IREE took about two minutes with a cold engine cache).
+#: check compiles four CNNs: an ahead-of-time compiler plugin took about two minutes with a cold
+#: engine cache).
 CHECK_TIMEOUT = 900.0
 #: The checks that run the adapter through ``ferry.load`` (by its registered name).
 _SESSION_CHECKS = frozenset({"bad-inputs", "kit"})

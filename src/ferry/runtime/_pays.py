@@ -4,11 +4,11 @@ Each cut costs a copy of the boundary tensors and an engine call; a plan cut int
 slower than either engine alone (a PP-OCR detector in 10 pieces ran at 0.61x of ONNX Runtime),
 and an engine that takes a small model whole may still be slower than ONNX Runtime on it.
 ``plan_pays`` times the plan, ONNX Runtime alone and, for a split plan, each of its other engines
-that takes the whole model alone (three engines offered: IREE took a piece, OpenVINO takes it all)
-in alternating blocks at the sizes the model will run, and says which is fastest. ``ferry.load``
-asks it when it placed a model on the engines listed, ONNX Runtime among them, and runs the
-fastest engine alone when that beats the plan. The verdict is cached per model, plan, input sizes
-and machine.
+that takes the whole model alone (three engines offered: a vendor engine took a piece, OpenVINO
+takes it all) in alternating blocks at the sizes the model will run, and says which is fastest.
+``ferry.load`` asks it when it placed a model on the engines listed, ONNX Runtime among them, and
+runs the fastest engine alone when that beats the plan. The verdict is cached per model, plan,
+input sizes and machine.
 
 Before -> After::
 
