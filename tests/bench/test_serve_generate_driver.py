@@ -124,7 +124,10 @@ def test_a_healthy_stream_is_timed_and_counted_from_usage(url: str) -> None:
     for r in found.requests:
         assert r.status == 200 and r.finish_reason == "length"
         assert len(r.chunk_times) == TOKENS and r.completion_tokens == TOKENS
-        assert len(r.itls) == TOKENS - 1 and min(r.itls) >= GAP * 0.5
+        # The server sleeps GAP between chunks, so they span at least that; one gap may read
+        # near 0 when a busy client reads two chunks at once (seen in CI: 0.8 ms).
+        assert len(r.itls) == TOKENS - 1 and min(r.itls) >= 0
+        assert r.chunk_times[-1] - r.chunk_times[0] >= (TOKENS - 2) * GAP
         assert r.ttft is not None and 0 < r.ttft <= r.end - r.start
         assert r.as_dict()["itl_max_ms"] >= GAP * 1e3 * 0.5 and r.as_dict()["chunks"] == TOKENS
     s = summarize(found)
