@@ -241,7 +241,9 @@ def test_four_times_capacity_every_request_answered(
     for ident, _, latency, response in ok:
         y = response.json()["outputs"][0]["data"]
         assert y == [ident + K] * 4  # none wrong
-        assert latency < timeout_us / 1e6 + 0.5  # within its timeout (and the call it ran)
+        # Within its timeout and the call it ran, as this client sees it: it shares the process
+        # (and the GIL) with the server, which on a busy 2-core machine added 0.7 s once.
+        assert latency < timeout_us / 1e6 + 1.0
     busy_latency = sorted(r[2] for r in busy)
     for _, _, _, response in busy:
         after = int(response.headers["retry-after"])
